@@ -1,0 +1,233 @@
+"""Run configuration: one pydantic model per concept, every field documented.
+
+A YAML file (``raygen run --config run.yaml``) holds any of these fields with the same nesting;
+CLI flags override it. ``docs/configuration.md`` is generated from these docstrings
+(``python -m raygen.docs_gen``), so the reference cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    # Unknown keys in a config file are almost always typos; refuse them instead of ignoring them.
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class SimConfig(_Section):
+    """The built-in OpenAI-compatible simulator (``raygen sim serve``; the default model of ``raygen run``)."""
+
+    host: str = "127.0.0.1"
+    """Address the simulator listens on; loopback by default."""
+    port: int = 0
+    """TCP port; 0 picks a free one."""
+    latency_s: float = 0.05
+    """Mean model latency per request, in seconds."""
+    latency_jitter_s: float = 0.0
+    """Uniform jitter added to (or taken from) the latency, in seconds."""
+    rate_limit_rpm: float | None = None
+    """Hard request-rate limit (requests per minute); requests over it get 429 with Retry-After."""
+    error_rate: float = 0.0
+    """Share of requests answered with a 5xx error."""
+    hallucinate_rate: float = 0.0
+    """Share of sessions (decided per prompt) that call a tool that does not exist."""
+    no_reasoning_rate: float = 0.0
+    """Share of sessions (decided per prompt) whose assistant turns carry no reasoning."""
+    reasoning_style: Literal["field", "think", "mixed"] = "mixed"
+    """Where reasoning is returned: the ``reasoning_content`` field, ``<think>`` tags in content, or both
+    styles chosen per session."""
+    seed: int = 0
+    """Seed for the per-prompt decisions and the latency jitter."""
+    log_path: Path | None = None
+    """If set, every request is appended to this JSONL file (prompt hash, decision, status)."""
+
+
+class OpenAIModelConfig(_Section):
+    """Any OpenAI-compatible chat-completions endpoint, through the ``openai`` SDK."""
+
+    type: Literal["openai"] = "openai"
+    """Backend selector."""
+    base_url: str | None = None
+    """Endpoint, e.g. ``https://openrouter.ai/api/v1``. Unset: raygen starts its simulator on loopback."""
+    model: str = "raygen-sim"
+    """Model name sent with each request."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Name of the environment variable holding the API key (the key itself never goes in config)."""
+    timeout_s: float = 600.0
+    """Timeout of one model request, in seconds."""
+    max_retries: int = 8
+    """Retries of one request on 429, 5xx, timeouts and connection errors before the session fails."""
+    retry_max_wait_s: float = 120.0
+    """Longest wait between two retries (Retry-After from the provider is honoured up to this)."""
+    max_connections: int = 256
+    """HTTP connections per worker process."""
+
+
+class ScriptedModelConfig(_Section):
+    """The simulator's scripted policy, in-process with no HTTP: for development and tests."""
+
+    type: Literal["scripted"] = "scripted"
+    """Backend selector."""
+    model: str = "raygen-scripted"
+    """Model name recorded in trajectories."""
+
+
+ModelConfig = Annotated[OpenAIModelConfig | ScriptedModelConfig, Field(discriminator="type")]
+
+
+class SamplingConfig(_Section):
+    """Request options sent with every chat completion."""
+
+    max_tokens: int | None = None
+    """Completion token limit per model call (``max_tokens``)."""
+    temperature: float | None = None
+    """Sampling temperature; unset uses the provider's default."""
+    seed: int | None = None
+    """Sampling seed passed to the provider (where supported)."""
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    """Provider-specific options merged into each request body, e.g. an OpenRouter route
+    ``{provider: {order: [...], allow_fallbacks: false}}`` or ``{reasoning: {effort: high}}``.
+    Recorded in the manifest."""
+
+
+class SessionConfig(_Section):
+    """The multi-turn agent loop."""
+
+    max_turns: int = Field(10, ge=1)
+    """Most model calls per session; at the limit the session ends with ``exit_status="max_turns"``."""
+    system_prompt: str | None = None
+    """System prompt text (mutually exclusive with ``system_prompt_file``)."""
+    system_prompt_file: Path | None = None
+    """File holding the system prompt."""
+    tool_output_max_chars: int = Field(16_000, ge=256)
+    """Tool output longer than this is cut to its head and tail with a marker in between."""
+    command_timeout_s: float = Field(60.0, gt=0)
+    """Default timeout of one terminal command."""
+    max_command_timeout_s: float = Field(600.0, gt=0)
+    """Upper bound on the timeout a model may ask for in a terminal call."""
+    session_timeout_s: float = Field(3600.0, gt=0)
+    """Hard wall-clock limit of one session; past it the session fails with ``env_lost``."""
+
+    @model_validator(mode="after")
+    def _one_system_prompt(self) -> SessionConfig:
+        if self.system_prompt is not None and self.system_prompt_file is not None:
+            raise ValueError("set system_prompt or system_prompt_file, not both")
+        return self
+
+    def resolved_system_prompt(self) -> str | None:
+        if self.system_prompt_file is not None:
+            return Path(self.system_prompt_file).read_text(encoding="utf-8")
+        return self.system_prompt
+
+
+class ToolsConfig(_Section):
+    """Which tools a session is offered."""
+
+    distribution: str = "default"
+    """Toolset distribution: a built-in name (``raygen distributions``) or a YAML file path."""
+    plugins: list[str] = Field(default_factory=list)
+    """Extra toolsets as Python import paths ``package.module:attribute`` (a Toolset or a list of them)."""
+
+
+class LocalEnvConfig(_Section):
+    """A fresh working directory per session on the host. Not a sandbox unless ``bwrap`` is on."""
+
+    type: Literal["local"] = "local"
+    """Backend selector."""
+    root: Path | None = None
+    """Parent folder of the per-session workdirs; unset uses the system temp dir."""
+    bwrap: bool = False
+    """Confine each session with bubblewrap: host read-only, only its workdir writable, no network."""
+    keep_env: list[str] = Field(default_factory=lambda: ["PATH", "LANG", "LC_ALL", "TZ", "TERM"])
+    """Host environment variables passed to commands; everything else is dropped."""
+
+
+class FakeEnvConfig(_Section):
+    """An in-memory environment with a tiny command interpreter: for tests, no processes."""
+
+    type: Literal["fake"] = "fake"
+    """Backend selector."""
+
+
+EnvConfig = Annotated[LocalEnvConfig | FakeEnvConfig, Field(discriminator="type")]
+
+
+class FilterConfig(_Section):
+    """Filters applied by the merge; removed sessions go to ``rejected/`` with the reason."""
+
+    no_reasoning: bool = True
+    """Reject sessions in which no assistant turn carries reasoning."""
+    hallucinated_tools: bool = True
+    """Reject sessions that called a tool that was not offered."""
+    incomplete: bool = False
+    """Reject sessions that did not complete (e.g. hit ``max_turns``)."""
+
+
+class OutputConfig(_Section):
+    """Where and how results are written."""
+
+    output_dir: Path = Path("runs")
+    """Parent folder of run folders."""
+    run_name: str | None = None
+    """Run folder name; unset: the dataset's name plus a UTC timestamp."""
+    shard_max_records: int = Field(256, ge=1)
+    """A worker flushes its trajectory buffer to a new shard after this many records ..."""
+    shard_flush_s: float = Field(30.0, gt=0)
+    """... or after this many seconds, whichever comes first."""
+    data_shard_records: int = Field(10_000, ge=1)
+    """Records per merged ``data/`` shard (Parquet and JSONL)."""
+
+
+class RayConfig(_Section):
+    """The distributed layer."""
+
+    address: str | None = None
+    """Join this Ray cluster (``ray://`` or ``host:port``); unset starts a local Ray for the run."""
+    workers: int = Field(2, ge=1)
+    """Session actors."""
+    sessions_per_worker: int = Field(16, ge=1)
+    """Sessions one actor runs at once on its event loop."""
+    num_cpus_per_worker: float = Field(0.25, gt=0)
+    """Logical CPUs reserved per actor; fractional because sessions wait on I/O, and whole CPUs
+    deadlock Ray Data's read stage on small nodes."""
+
+
+class RunConfig(_Section):
+    """A whole run. Every field can be set in YAML; flags override."""
+
+    dataset: Path | None = None
+    """Prompts JSONL."""
+    limit: int | None = Field(None, ge=1)
+    """Take only the first N valid rows."""
+    seed: int = 0
+    """Run seed: with the prompt's key it seeds the toolset draw."""
+    model: ModelConfig = Field(default_factory=OpenAIModelConfig)
+    """Model backend."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Request options."""
+    session: SessionConfig = Field(default_factory=SessionConfig)
+    """Agent loop."""
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    """Tools and toolset distribution."""
+    env: EnvConfig = Field(default_factory=LocalEnvConfig)
+    """Environment backend."""
+    filters: FilterConfig = Field(default_factory=FilterConfig)
+    """Merge filters."""
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    """Output location and sharding."""
+    ray: RayConfig = Field(default_factory=RayConfig)
+    """Distributed settings."""
+    sim: SimConfig = Field(default_factory=SimConfig)
+    """Settings of the built-in simulator when no ``model.base_url`` is given."""
+
+
+def fingerprint(obj: Any) -> str:
+    """Stable short hash of any JSON-able object (sorted keys)."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]

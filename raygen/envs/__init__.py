@@ -1,0 +1,23 @@
+"""Environment backends, selected by ``env.type`` and imported lazily (see README.md here)."""
+
+from __future__ import annotations
+
+import importlib
+
+from raygen.envs.base import EnvSpec, Environment, ExecResult
+
+# type -> "module:class". Backends with optional dependencies raise MissingExtraError on import.
+BACKENDS: dict[str, str] = {
+    "local": "raygen.envs.local:LocalEnvironment",
+    "fake": "raygen.envs.fake:FakeEnvironment",
+}
+
+
+def create_environment(config, spec: EnvSpec) -> Environment:
+    """Build (not start) the environment for one session: use it as ``async with``."""
+    module_name, cls_name = BACKENDS[config.type].split(":")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    return cls(config, spec)
+
+
+__all__ = ["BACKENDS", "EnvSpec", "Environment", "ExecResult", "create_environment"]

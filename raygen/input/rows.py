@@ -1,0 +1,80 @@
+"""A validated prompt row and the sample built from it.
+
+Identity (docs/resume.md): a sample's key hashes the row's canonical content (prompt, image, cwd, env,
+toolsets, id) plus its occurrence index among identical rows, so two identical rows are two samples,
+and reordering, inserting or deleting other rows never changes a sample's key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+
+ROW_FIELDS = ("prompt", "id", "category", "image", "cwd", "env", "toolsets", "metadata")
+
+
+class PromptRow(BaseModel):
+    """One line of the prompts JSONL."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt: StrictStr
+    """The first user message, verbatim."""
+    id: StrictStr | None = None
+    """Unique in the file; becomes the record's ``id``."""
+    category: StrictStr | None = None
+    """The prompt's class, for per-class statistics."""
+    image: StrictStr | None = None
+    """Container image for sandboxed backends."""
+    cwd: StrictStr | None = None
+    """Working directory inside the environment."""
+    env: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    """Environment variables for the session's commands."""
+    toolsets: list[StrictStr] | None = None
+    """Toolsets for this row, overriding the distribution's draw."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """Passed through untouched."""
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("prompt is empty")
+        return v
+
+    def content_hash(self) -> str:
+        canonical = {
+            "prompt": self.prompt,
+            "image": self.image,
+            "cwd": self.cwd,
+            "env": self.env,
+            "toolsets": self.toolsets,
+            "id": self.id,
+        }
+        blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def make_sample_key(content_hash: str, occurrence: int) -> str:
+    """Key of the ``occurrence``-th (0-based) row with this content hash."""
+    return hashlib.sha256(f"{content_hash}:{occurrence}".encode()).hexdigest()[:24]
+
+
+class Sample(BaseModel):
+    """A row ready to run: its identity, position and the toolsets it is offered."""
+
+    row: PromptRow
+    sample_key: str
+    prompt_index: int
+    """0-based position among the valid rows of this run's dataset."""
+    line: int
+    """1-based line number in the dataset file (for messages)."""
+    toolsets: list[str]
+    attempt: int = 1
+
+    @property
+    def record_id(self) -> str:
+        return self.row.id if self.row.id is not None else self.sample_key

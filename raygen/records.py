@@ -1,0 +1,90 @@
+"""The trajectory record: one per session attempt, the unit written to shards and merged into ``data/``.
+
+The JSON form of ``Trajectory`` is what shards and ``data/*.jsonl`` hold; ``raygen.output.schema``
+maps it to the fixed Parquet schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ToolStat(BaseModel):
+    count: int = 0
+    """Calls of this tool."""
+    success: int = 0
+    """Calls that returned without error."""
+    failure: int = 0
+    """Calls that returned an error to the model."""
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Timing(BaseModel):
+    started_at: str = ""
+    """UTC ISO-8601 start of the attempt."""
+    ended_at: str = ""
+    duration_s: float = 0.0
+    model_s: float = 0.0
+    """Time spent waiting for the model (including retries)."""
+    tools_s: float = 0.0
+    """Time spent executing tools."""
+    env_setup_s: float = 0.0
+    """Time to start and stop the environment."""
+
+
+class EnvInfo(BaseModel):
+    backend: str = ""
+    image: str | None = None
+    node: str | None = None
+    """The Ray node (id) that ran the session; None outside Ray."""
+
+
+class ReasoningCounts(BaseModel):
+    with_reasoning: int = 0
+    """Assistant turns that carried reasoning."""
+    without_reasoning: int = 0
+
+
+class Trajectory(BaseModel):
+    id: str
+    """The row's ``id``, else its stable content key."""
+    sample_key: str
+    """Content-addressed identity of the sample (row hash + occurrence index)."""
+    prompt_index: int
+    """0-based index of the row among the dataset's valid rows."""
+    attempt: int = 1
+    category: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    conversations: list[dict[str, str]] = Field(default_factory=list)
+    """ShareGPT turns: ``{"from": system|human|gpt|tool, "value": str}``."""
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    """The raw OpenAI-format messages, lossless."""
+    completed: bool = False
+    exit_status: str = "completed"
+    """``completed``, ``max_turns`` or ``error:<kind>`` (see raygen.errors.FAILURE_KINDS)."""
+    error: str | None = None
+    api_calls: int = 0
+    toolsets_used: list[str] = Field(default_factory=list)
+    tools_offered: list[str] = Field(default_factory=list)
+    tool_stats: dict[str, ToolStat] = Field(default_factory=dict)
+    """Every known tool, zero-filled."""
+    tool_error_counts: dict[str, int] = Field(default_factory=dict)
+    """``hallucinated``, ``invalid_arguments``, ``execution``, ``timeout``."""
+    hallucinated_tools: list[str] = Field(default_factory=list)
+    """Names of tools the model called that were not offered (in call order, repeats kept)."""
+    reasoning: ReasoningCounts = Field(default_factory=ReasoningCounts)
+    usage: Usage = Field(default_factory=Usage)
+    timing: Timing = Field(default_factory=Timing)
+    model: str = ""
+    env: EnvInfo = Field(default_factory=EnvInfo)
+    config_fingerprint: str = ""
+    """Hash of the generation config (model, sampling, turns, system prompt, tools)."""
+
+
+TOOL_ERROR_KINDS = ("hallucinated", "invalid_arguments", "execution", "timeout")
