@@ -21,7 +21,7 @@ class _Section(BaseModel):
 
 
 class SimConfig(_Section):
-    """The built-in OpenAI-compatible simulator (``raygen sim serve``; the default model of ``raygen run``)."""
+    """The built-in OpenAI-compatible simulator (``raygen sim serve``; default model of ``raygen run``)."""
 
     host: str = "127.0.0.1"
     """Address the simulator listens on; loopback by default."""
@@ -33,6 +33,9 @@ class SimConfig(_Section):
     """Uniform jitter added to (or taken from) the latency, in seconds."""
     rate_limit_rpm: float | None = None
     """Hard request-rate limit (requests per minute); requests over it get 429 with Retry-After."""
+    rate_limit_burst: float | None = None
+    """Burst capacity of the rate limit's token bucket (requests); unset: one second's worth of the rate,
+    at least 1."""
     error_rate: float = 0.0
     """Share of requests answered with a 5xx error."""
     hallucinate_rate: float = 0.0
@@ -76,6 +79,8 @@ class ScriptedModelConfig(_Section):
     """Backend selector."""
     model: str = "raygen-scripted"
     """Model name recorded in trajectories."""
+    latency_s: float = Field(0.0, ge=0)
+    """Simulated latency of each call, in seconds (none by default)."""
 
 
 ModelConfig = Annotated[OpenAIModelConfig | ScriptedModelConfig, Field(discriminator="type")]
@@ -112,7 +117,7 @@ class SessionConfig(_Section):
     max_command_timeout_s: float = Field(600.0, gt=0)
     """Upper bound on the timeout a model may ask for in a terminal call."""
     session_timeout_s: float = Field(3600.0, gt=0)
-    """Hard wall-clock limit of one session; past it the session fails with ``env_lost``."""
+    """Hard wall-clock limit of one session; past it the session fails with ``session_timeout``."""
 
     @model_validator(mode="after")
     def _one_system_prompt(self) -> SessionConfig:
@@ -155,7 +160,51 @@ class FakeEnvConfig(_Section):
     """Backend selector."""
 
 
-EnvConfig = Annotated[LocalEnvConfig | FakeEnvConfig, Field(discriminator="type")]
+class DockerEnvConfig(_Section):
+    """One Docker container per session (``pip install "raygen[docker]"``), from the row's ``image``.
+
+    Containers get no network, no privileges and no host mounts unless configured here, and are labelled
+    with the run so ``raygen clean`` can remove leftovers."""
+
+    type: Literal["docker"] = "docker"
+    """Backend selector."""
+    base_url: str | None = None
+    """Docker engine address, e.g. ``unix:///var/run/docker.sock``; unset: ``DOCKER_HOST`` or the default."""
+    default_image: str | None = None
+    """Image for rows that name none; a row without an image fails with ``image_unavailable`` if unset."""
+    pull: Literal["missing", "never", "always"] = "missing"
+    """When to pull: only images not present locally, never (local images only), or once per worker
+    process before first use."""
+    workdir: str = "/work"
+    """Default working directory inside the container (created); a row's relative ``cwd`` is taken in it."""
+    network: bool = False
+    """Give containers the engine's default network; off means ``network_mode=none``."""
+    cpus: float | None = Field(1.0, gt=0)
+    """CPU limit per container (fractional CPUs); unset: no limit."""
+    memory: str | None = "2g"
+    """Memory limit per container (Docker syntax such as ``512m``, ``2g``); unset: no limit."""
+    pids_limit: int | None = Field(1024, ge=1)
+    """Most processes per container (fork-bomb guard); unset: no limit."""
+    mounts: list[str] = Field(default_factory=list)
+    """Host folders bind-mounted into every container, ``host_path:container_path[:ro]``."""
+    api_timeout_s: float = Field(120.0, gt=0)
+    """Timeout of one Docker API call (not of commands, which have their own)."""
+    pull_timeout_s: float = Field(900.0, gt=0)
+    """Timeout of one image pull."""
+    max_api_threads: int = Field(64, ge=1)
+    """Threads per worker process for blocking Docker SDK calls: each running command holds one, so this
+    bounds the commands that run at once in one process."""
+
+    @model_validator(mode="after")
+    def _mounts_well_formed(self) -> DockerEnvConfig:
+        for mount in self.mounts:
+            parts = mount.split(":")
+            if len(parts) not in (2, 3) or not all(parts[:2]) or parts[2:] not in ([], ["ro"], ["rw"]):
+                raise ValueError(f"mount {mount!r} is not host_path:container_path[:ro]")
+        return self
+
+
+EnvConfig = Annotated[LocalEnvConfig | FakeEnvConfig | DockerEnvConfig, Field(discriminator="type")]
 
 
 class FilterConfig(_Section):
@@ -198,6 +247,61 @@ class RayConfig(_Section):
     deadlock Ray Data's read stage on small nodes."""
 
 
+class GovernorConfig(_Section):
+    """Cluster-wide pacing of model requests: one governor per (endpoint, model, API key) is shared by every
+    worker on every node. With no ``rpm`` it starts at ``initial_rpm`` and probes for the provider's limit."""
+
+    rpm: float | None = Field(None, gt=0)
+    """Requests per minute allowed across the whole cluster; unset: unknown (see ``adaptive``)."""
+    tpm: float | None = Field(None, gt=0)
+    """Tokens per minute (prompt + completion) across the cluster: estimated before each call and corrected
+    with the provider's reported usage after it; unset: unlimited."""
+    max_in_flight: int | None = Field(None, ge=1)
+    """Most requests in flight at once across the cluster; unset: unlimited."""
+    adaptive: bool | None = None
+    """Back off on 429 (multiply the target by ``decrease_factor``) and grow it again after clean, busy
+    traffic. Unset: on if and only if ``rpm`` is unset. With ``rpm`` set and adaptive on, ``rpm`` is both
+    the start and the ceiling. With adaptive off a 429 only pauses the cluster for its Retry-After."""
+    initial_rpm: float = Field(60.0, gt=0)
+    """Adaptive start rate when ``rpm`` is unset."""
+    max_rpm: float = Field(10_000.0, gt=0)
+    """Adaptive ceiling when ``rpm`` is unset."""
+    decrease_factor: float = Field(0.7, gt=0, lt=1)
+    """On a 429 the target rate is multiplied by this, at most once per ``cut_window_s``."""
+    increase_fraction: float = Field(0.05, gt=0, le=1)
+    """After ``increase_interval_s`` of clean traffic that used the target, the target grows by this
+    fraction of itself (four times that while well below the last rate that drew a 429)."""
+    increase_interval_s: float = Field(2.0, gt=0)
+    """Seconds of clean traffic between two increases of the adaptive target."""
+    cut_window_s: float = Field(1.0, ge=0)
+    """A burst of 429s within this many seconds cuts the target once."""
+    burst_s: float = Field(1.0, gt=0)
+    """Pacing window: at most this many seconds' worth of the rate goes out at once, because providers
+    enforce per-minute limits over much shorter windows."""
+    lease_size: int = Field(8, ge=1)
+    """Most request slots a worker takes from the governor in one remote call."""
+    lease_ttl_s: float = Field(2.0, gt=0)
+    """Leased slots unused after this many seconds go back, so idle workers strand no capacity."""
+    max_pause_s: float = Field(120.0, gt=0)
+    """Longest cluster-wide pause honoured from a Retry-After or ``x-ratelimit-reset-*`` header."""
+
+    @model_validator(mode="after")
+    def _initial_within_ceiling(self) -> GovernorConfig:
+        if self.rpm is None and self.initial_rpm > self.max_rpm:
+            raise ValueError("initial_rpm must not exceed max_rpm")
+        return self
+
+    def resolved_adaptive(self) -> bool:
+        """Whether AIMD is on: the explicit setting, else on exactly when ``rpm`` is unknown."""
+        return self.rpm is None if self.adaptive is None else self.adaptive
+
+    def limits_anything(self) -> bool:
+        """False when there is nothing to govern (no limit and adaptive off): callers use ``NoGate``."""
+        return self.resolved_adaptive() or any(
+            v is not None for v in (self.rpm, self.tpm, self.max_in_flight)
+        )
+
+
 class RunConfig(_Section):
     """A whole run. Every field can be set in YAML; flags override."""
 
@@ -225,6 +329,8 @@ class RunConfig(_Section):
     """Distributed settings."""
     sim: SimConfig = Field(default_factory=SimConfig)
     """Settings of the built-in simulator when no ``model.base_url`` is given."""
+    governor: GovernorConfig = Field(default_factory=GovernorConfig)
+    """Cluster-wide request pacing (rpm, tpm, in-flight cap, adaptive back-off on 429)."""
 
 
 def fingerprint(obj: Any) -> str:

@@ -1,0 +1,445 @@
+"""The simulator's HTTP face: an OpenAI-compatible chat-completions server on aiohttp.
+
+Routes: ``POST /v1/chat/completions`` (non-streaming), ``GET /v1/models``, ``GET /sim/stats`` and
+``POST /sim/reset``. Realism knobs come from ``SimConfig``: latency with jitter, a hard request-rate
+limit (429 with ``Retry-After``), a share of 5xx answers, and per-session hallucination and reasoning
+choices (in ``raygen.sim.policy``). Model names starting with ``nonexistent`` get 404.
+
+Three ways to run it: ``async with SimServer(cfg)`` on the current loop, ``start_in_thread`` (own
+thread and loop) and ``start_subprocess`` (own process, so it does not share the caller's GIL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from raygen.config import SimConfig
+from raygen.sim.policy import count_assistant_turns, first_user_text, is_nonexistent_model, respond
+
+URL_LINE_PREFIX = "RAYGEN_SIM_URL="
+"""First stdout line of ``python -m raygen.sim``: the bound base URL."""
+SIM_MODEL_ID = "raygen-sim"
+_HISTOGRAM_SECONDS = 3600  # accepted-per-second buckets kept in /sim/stats
+
+
+class TokenBucket:
+    """Hard rate limit: ``rpm / 60`` tokens per second, at most ``burst`` stored; one per request."""
+
+    def __init__(self, rpm: float, burst: float | None = None, clock: Callable[[], float] = time.monotonic):
+        self.rate = rpm / 60.0
+        self.capacity = max(1.0, burst if burst is not None else self.rate)
+        self.limit = max(1, round(rpm))
+        self._clock = clock
+        self.reset()
+
+    def reset(self) -> None:
+        self.tokens = self.capacity
+        self._stamp = self._clock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+
+    def try_take(self) -> float:
+        """Take a token; return 0.0 on success, else the seconds until one is available."""
+        self._refill()
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+    def headers(self) -> dict[str, str]:
+        """OpenAI-style ``x-ratelimit-*`` headers (reset: time until the bucket is full again)."""
+        full_in_ms = math.ceil(max(0.0, self.capacity - self.tokens) / self.rate * 1000)
+        return {
+            "x-ratelimit-limit-requests": str(self.limit),
+            "x-ratelimit-remaining-requests": str(int(self.tokens)),
+            "x-ratelimit-reset-requests": f"{full_in_ms}ms",
+        }
+
+
+class SimStats:
+    """Counters for benchmarks; cheap enough to update on every request."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.counts = {"requests": 0, "ok": 0, "429": 0, "5xx": 0, "4xx": 0}
+        self.in_flight = self.max_in_flight = 0
+        self.prompt_tokens = self.completion_tokens = 0
+        self.accepted_per_second: dict[int, int] = {}
+
+    def accepted(self) -> None:
+        """A request passed the rate limit (it may still get a simulated 5xx)."""
+        second = int(time.time())
+        self.accepted_per_second[second] = self.accepted_per_second.get(second, 0) + 1
+        if len(self.accepted_per_second) > _HISTOGRAM_SECONDS:
+            del self.accepted_per_second[min(self.accepted_per_second)]
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            **self.counts,
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "accepted_per_second": {str(k): v for k, v in sorted(self.accepted_per_second.items())},
+        }
+
+
+class RequestLog:
+    """Buffered JSONL request log. Only fields built here are written: never headers or keys."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._lines: list[str] = []
+
+    def add(self, record: dict[str, Any]) -> None:
+        self._lines.append(json.dumps(record, ensure_ascii=False, separators=(",", ":")))
+
+    def flush(self) -> None:
+        if not self._lines:
+            return
+        lines, self._lines = self._lines, []
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+
+    async def flush_every(self, seconds: float) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            self.flush()
+
+
+def _error(status: int, message: str, kind: str, code: str | None, headers: dict[str, str]) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+class SimServer:
+    """The simulator bound to a port of the current event loop: ``async with SimServer(cfg) as s: s.url``."""
+
+    def __init__(self, cfg: SimConfig):
+        self.cfg = cfg
+        self.stats = SimStats()
+        self._rng = random.Random(cfg.seed)
+        self._bucket = (
+            TokenBucket(cfg.rate_limit_rpm, cfg.rate_limit_burst) if cfg.rate_limit_rpm is not None else None
+        )
+        self._log = RequestLog(cfg.log_path) if cfg.log_path is not None else None
+        self._flusher: asyncio.Task | None = None
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+        """Base URL of the OpenAI API, e.g. ``http://127.0.0.1:PORT/v1``."""
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=256 * 1024 * 1024)  # long agent conversations are big
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/sim/stats", self._stats)
+        app.router.add_post("/sim/reset", self._reset)
+        # No access log: it costs CPU per request and would print request lines we do not control.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, backlog=4096, reuse_address=True)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+        if self._log is not None:
+            self._flusher = asyncio.create_task(self._log.flush_every(1.0))
+
+    async def stop(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+            self._flusher = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._log is not None:
+            self._log.flush()
+
+    async def __aenter__(self) -> SimServer:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def reset(self) -> None:
+        """Zero the counters and refill the rate-limit bucket."""
+        self.stats.reset()
+        if self._bucket is not None:
+            self._bucket.reset()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        model = {"id": SIM_MODEL_ID, "object": "model", "created": 0, "owned_by": "raygen"}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats.snapshot())
+
+    async def _reset(self, request: web.Request) -> web.Response:
+        self.reset()
+        return web.json_response({"ok": True})
+
+    def _record(self, status: int, body: dict[str, Any], decision: dict | None, calls: list[str]) -> None:
+        counts = self.stats.counts
+        if status == 200:
+            counts["ok"] += 1
+        elif status == 429:
+            counts["429"] += 1
+        elif status >= 500:
+            counts["5xx"] += 1
+        else:
+            counts["4xx"] += 1
+        if self._log is None:
+            return
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        prompt = first_user_text(messages)
+        self._log.add(
+            {
+                "ts": round(time.time(), 3),
+                "prompt_sha": hashlib.sha256(prompt.encode()).hexdigest()[:16],
+                "model": str(body.get("model", "")),
+                "turn": count_assistant_turns(messages),
+                "status": status,
+                "decision": decision,
+                "tool_calls": calls,
+            }
+        )
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        self.stats.counts["requests"] += 1
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            self._record(400, {}, None, [])
+            return _error(400, "body must be a JSON object with messages", "invalid_request_error", None, {})
+
+        # The rate limit is checked on arrival, like a provider's gateway, before any simulated work.
+        headers: dict[str, str] = {}
+        if self._bucket is not None:
+            wait_s = self._bucket.try_take()
+            headers = self._bucket.headers()
+            if wait_s > 0:
+                headers["Retry-After"] = str(max(1, math.ceil(wait_s)))
+                headers["retry-after-ms"] = str(math.ceil(wait_s * 1000))
+                self._record(429, body, None, [])
+                return _error(
+                    429, "Rate limit reached (simulated)", "requests", "rate_limit_exceeded", headers
+                )
+        self.stats.accepted()
+
+        model = str(body.get("model") or "")
+        if body.get("stream"):
+            self._record(400, body, None, [])
+            return _error(400, "stream=true is not supported", "invalid_request_error", None, headers)
+        if is_nonexistent_model(model):
+            self._record(404, body, None, [])
+            msg = f"The model `{model}` does not exist"
+            return _error(404, msg, "invalid_request_error", "model_not_found", headers)
+
+        fail_status = None
+        if self.cfg.error_rate > 0 and self._rng.random() < self.cfg.error_rate:
+            fail_status = self._rng.choice((500, 503))
+        delay = self.cfg.latency_s
+        if self.cfg.latency_jitter_s > 0:
+            delay += self._rng.uniform(-self.cfg.latency_jitter_s, self.cfg.latency_jitter_s)
+
+        self.stats.in_flight += 1
+        self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
+        try:
+            if delay > 0:
+                await asyncio.sleep(delay)
+        finally:
+            self.stats.in_flight -= 1
+        if fail_status is not None:
+            self._record(fail_status, body, None, [])
+            return _error(fail_status, "Simulated server error", "server_error", None, headers)
+
+        reply = respond(body, self.cfg)
+        self.stats.prompt_tokens += reply.prompt_tokens
+        self.stats.completion_tokens += reply.completion_tokens
+        calls = [tc["function"]["name"] for tc in reply.message.get("tool_calls", ())]
+        self._record(200, body, reply.decision, calls)
+        payload = {
+            "id": f"chatcmpl-{secrets.token_hex(12)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model or SIM_MODEL_ID,
+            "choices": [
+                {"index": 0, "message": reply.message, "finish_reason": reply.finish_reason, "logprobs": None}
+            ],
+            "usage": {
+                "prompt_tokens": reply.prompt_tokens,
+                "completion_tokens": reply.completion_tokens,
+                "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+            },
+        }
+        return web.json_response(payload, headers=headers)
+
+
+async def serve_forever(
+    cfg: SimConfig, ready: Callable[[str], None] | None = None, *, parent_pid: int | None = None
+) -> None:
+    """Serve until cancelled, SIGTERM or SIGINT (when run in the main thread); the log is flushed on exit.
+
+    ``ready`` receives the base URL once the port is bound. With ``parent_pid``, also stop when that
+    process is no longer our parent (the driver died), so a simulator is never orphaned.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals
+            pass
+    try:
+        async with SimServer(cfg) as server:
+            if ready is not None:
+                ready(server.url)
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=1.0)
+                if parent_pid is not None and os.getppid() != parent_pid:
+                    break
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+class SimHandle:
+    """A simulator running on its own thread and event loop."""
+
+    def __init__(
+        self, url: str, loop: asyncio.AbstractEventLoop, stop: asyncio.Event, thread: threading.Thread
+    ):
+        self.url = url
+        self._loop, self._stop, self._thread = loop, stop, thread
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the server, flush its log and join the thread (idempotent)."""
+        if self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout_s)
+
+    def __enter__(self) -> SimHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_in_thread(cfg: SimConfig, startup_timeout_s: float = 30.0) -> SimHandle:
+    """Start the simulator on a new daemon thread with its own loop; returns once it accepts requests."""
+    started = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        try:
+            async with SimServer(cfg) as server:
+                box.update(url=server.url, loop=asyncio.get_running_loop(), stop=stop)
+                started.set()
+                await stop.wait()
+        except Exception as exc:  # reported to the caller below, not as a thread traceback
+            box["error"] = exc
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=lambda: asyncio.run(main()), name="raygen-sim", daemon=True)
+    thread.start()
+    if not started.wait(startup_timeout_s) or "url" not in box:
+        raise RuntimeError(f"simulator did not start: {box.get('error')!r}")
+    return SimHandle(box["url"], box["loop"], box["stop"], thread)
+
+
+class SimProcess:
+    """A simulator running as ``python -m raygen.sim`` in a child process."""
+
+    def __init__(self, proc: subprocess.Popen, url: str):
+        self.proc, self.url = proc, url
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM (the child flushes its log), wait, and SIGKILL if it does not exit in time."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> SimProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_subprocess(cfg: SimConfig, startup_timeout_s: float = 30.0) -> SimProcess:
+    """Start the simulator in a child process and return once it printed its URL."""
+    env = dict(os.environ)
+    # The child must import this very raygen, installed or not (e.g. run from a source checkout).
+    source_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "raygen.sim", "--config-json", cfg.model_dump_json()]
+    cmd += ["--parent-pid", str(os.getpid())]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        line = _read_line(proc, startup_timeout_s)
+        if not line.startswith(URL_LINE_PREFIX):
+            raise RuntimeError(f"simulator did not start (exit code {proc.poll()}, first line {line!r})")
+    except BaseException:
+        SimProcess(proc, "").stop()
+        raise
+    return SimProcess(proc, line[len(URL_LINE_PREFIX) :].strip())
+
+
+def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    """First stdout line of ``proc`` within ``timeout_s`` (a reader thread: pipe reads cannot time out)."""
+    box: list[str] = []
+    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not box:
+        raise RuntimeError(f"simulator printed no URL within {timeout_s}s")
+    return box[0]
