@@ -1,0 +1,315 @@
+"""The merge: raw shards -> ``data/`` (Parquet + JSONL), ``rejected/``, ``failed/``, ``statistics.json``.
+
+Pass 1 streams every shard record and keeps, per sample key, only the position and rank of its best
+record so far (no record bodies, no summaries). The FINAL attempt of a key is the record with the
+highest ``(not failed, attempt, shard order, line offset)``: a non-failed record beats any failed one,
+then the highest attempt wins, then the record from the later shard (``shards.list_shards``: newer
+modification time, then name) and the later line. Pass 2 re-reads each final record once by position,
+summarizes it for the statistics and writes it out in ``(prompt_index, sample_key)`` order.
+
+Atomicity: the outputs are built in ``RUN_DIR/.merge-<token>/`` and each folder is then swapped in
+(old renamed away, new renamed in, old deleted); ``statistics.json`` is replaced last. A crash leaves
+each folder either old or new; the next merge restores or deletes the leftovers. The shards are only
+read, so the merge can be re-run at any time (e.g. with other filters). Two merges of the same run at
+once are not supported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import yaml
+
+from raygen.config import FilterConfig
+from raygen.output.filters import FAILED, KEPT, REJECTED, classify
+from raygen.output.schema import JSON_COLUMNS, SCHEMA, to_arrow_table
+from raygen.output.shards import RecordReader, ShardPos, ShardScanStats, fsync_dir, iter_shard_records
+from raygen.output.stats import StatsAccumulator
+from raygen.output.summary import summarize
+
+logger = logging.getLogger(__name__)
+
+OUTPUT_DIRS = ("data", "rejected", "failed")
+STATISTICS_FILE = "statistics.json"
+_TMP_PREFIX = ".merge-"
+_OLD_PREFIX = ".merge-old-"
+# Parquet row groups are cut by record count or JSON size, whichever first, so one huge record batch
+# never has to sit in memory (nor overflow a 2 GiB Arrow string array).
+_ROW_GROUP_RECORDS = 256
+_ROW_GROUP_BYTES = 64 << 20
+
+
+@dataclass(slots=True)
+class _Final:
+    rank: tuple[bool, int, int, int]
+    pos: ShardPos
+    prompt_index: int
+    outcome: str
+    reason: str | None
+
+
+@dataclass
+class MergeResult:
+    """What one merge wrote."""
+
+    kept: int
+    rejected: int
+    failed: int
+    keys: int
+    """Distinct sample keys merged (== kept + rejected + failed)."""
+    data_shards: int
+    records_read: int
+    unparseable_lines: int
+    invalid_records: int
+    """JSON objects without a usable ``sample_key``/``prompt_index``."""
+    stale: int
+    """Records ignored because their key is not in ``expected_keys``."""
+    attempts_superseded: int
+    """Records of a key that lost to its final attempt."""
+    missing: int | None
+    """Expected keys with no record at all (None when ``expected_keys`` was not given)."""
+    stats: dict[str, Any] = field(default_factory=dict)
+    """The content of ``statistics.json``."""
+
+
+def _choose_finals(
+    run_dir: Path, filters: FilterConfig, expected_keys: set[str] | None, scan: ShardScanStats
+) -> tuple[dict[str, _Final], dict[str, int]]:
+    finals: dict[str, _Final] = {}
+    file_order: dict[str, int] = {}
+    counts = {"records_read": 0, "invalid_records": 0, "stale": 0, "attempts_superseded": 0}
+    for record, pos in iter_shard_records(run_dir, scan):
+        counts["records_read"] += 1
+        try:
+            summary = summarize(record)
+        except (ValueError, TypeError, AttributeError) as exc:
+            counts["invalid_records"] += 1
+            logger.warning("skipping invalid record %s @%d: %s", pos.path, pos.offset, exc)
+            continue
+        key = summary.sample_key
+        if expected_keys is not None and key not in expected_keys:
+            counts["stale"] += 1
+            continue
+        order = file_order.setdefault(pos.path, len(file_order))
+        rank = (not summary.failed, summary.attempt, order, pos.offset)
+        current = finals.get(key)
+        if current is not None:
+            counts["attempts_superseded"] += 1
+            if rank <= current.rank:
+                continue
+        outcome, reason = classify(summary, filters)
+        finals[key] = _Final(rank, pos, summary.prompt_index, outcome, reason)
+    return finals, counts
+
+
+def _chunks(items: list, size: int) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _write_fsynced(path: Path, chunks: Iterable[bytes]) -> None:
+    with open(path, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class _Pass2:
+    """Re-reads final records by position, feeds the statistics and writes the output files."""
+
+    def __init__(self, reader: RecordReader, filters: FilterConfig):
+        self.reader, self.filters = reader, filters
+        self.stats = StatsAccumulator()
+
+    def _load(self, final: _Final) -> tuple[bytes, dict[str, Any]]:
+        line = self.reader.read_line(final.pos)
+        record = json.loads(line)
+        # Stats come from the record as written; the outcome is the one pass 1 decided.
+        self.stats.add(summarize(record), final.outcome, final.reason)
+        return line, record
+
+    def write_data(self, finals: list[_Final], out: Path, per_shard: int) -> int:
+        shards = list(_chunks(finals, per_shard)) or [[]]
+        for i, shard in enumerate(shards):
+            stem = out / f"train-{i:05d}-of-{len(shards):05d}"
+            with (
+                pq.ParquetWriter(stem.with_suffix(".parquet"), SCHEMA, compression="zstd") as parquet,
+                open(stem.with_suffix(".jsonl"), "wb") as jsonl,
+            ):
+                batch: list[dict[str, Any]] = []
+                batch_bytes = 0
+                for final in shard:
+                    line, record = self._load(final)
+                    jsonl.write(line + b"\n")  # the record exactly as the worker wrote it
+                    batch.append(record)
+                    batch_bytes += len(line)
+                    if len(batch) >= _ROW_GROUP_RECORDS or batch_bytes >= _ROW_GROUP_BYTES:
+                        parquet.write_table(to_arrow_table(batch))
+                        batch, batch_bytes = [], 0
+                # An empty shard gets the schema and NO row group: ``datasets`` sizes its read batches
+                # from the first row group and fails on an empty one.
+                if batch:
+                    parquet.write_table(to_arrow_table(batch))
+                jsonl.flush()
+                os.fsync(jsonl.fileno())
+        return len(shards)
+
+    def write_jsonl(self, finals: list[_Final], out: Path, prefix: str, per_shard: int) -> None:
+        for i, shard in enumerate(_chunks(finals, per_shard)):
+            _write_fsynced(out / f"{prefix}-{i:05d}.jsonl", (self._line(f) for f in shard))
+
+    def _line(self, final: _Final) -> bytes:
+        line, record = self._load(final)
+        if final.outcome == REJECTED:
+            record["rejection_reason"] = final.reason
+            line = json.dumps(record, ensure_ascii=False).encode("utf-8")
+        return line + b"\n"
+
+
+def _dataset_card(stats: dict[str, Any], filters: FilterConfig) -> str:
+    # Only a Parquet config: ``datasets`` (5.2) infers ONE builder from the first config's files and
+    # uses it for every config, so a second "jsonl" config would be read with the Parquet reader and
+    # fail. The JSONL shards load with ``load_dataset("json", data_files=...)`` instead.
+    header = {
+        "configs": [
+            {"config_name": "default", "data_files": [{"split": "train", "path": "train-*.parquet"}]},
+        ],
+        "tags": ["raygen", "agent-trajectories", "tool-use"],
+    }
+    counts = stats["counts"]
+    return (
+        f"---\n{yaml.safe_dump(header, sort_keys=False)}---\n\n"
+        "# raygen trajectories\n\n"
+        "Tool-using agent sessions generated by raygen. Each row is one session: `conversations` "
+        "(ShareGPT turns `from`/`value`) plus the raw OpenAI `messages`, tool statistics, reasoning "
+        "counts, token usage and timing.\n\n"
+        f"- kept sessions: {counts['kept']} of {counts['total']} "
+        f"(rejected: {json.dumps(counts['rejected'])}, failed: {json.dumps(counts['failed'])})\n"
+        f"- filters: {json.dumps(filters.model_dump())}\n\n"
+        '`load_dataset("<this folder>")` reads the Parquet shards. The `train-*.jsonl` files hold the '
+        'same rows, split the same way, as natural JSON: `load_dataset("json", '
+        'data_files="<this folder>/train-*.jsonl")`. In the Parquet shards these columns are JSON '
+        f"strings (decode with `json.loads`): {', '.join(JSON_COLUMNS)}. "
+        "Run statistics are in `../statistics.json`.\n"
+    )
+
+
+def _recover_leftovers(run_dir: Path) -> None:
+    """Undo what a crashed merge left: restore a folder that was renamed away, drop temp folders."""
+    for entry in sorted(run_dir.glob(_OLD_PREFIX + "*")):
+        name = entry.name.rsplit("-", 1)[-1]
+        if name in OUTPUT_DIRS and not (run_dir / name).exists():
+            os.replace(entry, run_dir / name)
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+    for entry in run_dir.glob(_TMP_PREFIX + "*"):
+        if entry.is_dir() and not entry.name.startswith(_OLD_PREFIX):
+            shutil.rmtree(entry, ignore_errors=True)
+    (run_dir / (STATISTICS_FILE + ".tmp")).unlink(missing_ok=True)
+
+
+def _swap_in(run_dir: Path, built: Path, token: str) -> None:
+    olds = []
+    for name in OUTPUT_DIRS:
+        final, old = run_dir / name, run_dir / f"{_OLD_PREFIX}{token}-{name}"
+        if final.exists():
+            os.replace(final, old)
+            olds.append(old)
+        os.replace(built / name, final)
+        fsync_dir(run_dir)
+    for old in olds:
+        shutil.rmtree(old)
+    built.rmdir()
+
+
+def write_json_atomic(path: Path, body: Any) -> None:
+    """Write JSON via a temp file + fsync + ``os.replace``, so readers see the old or the new file."""
+    tmp = path.with_name(path.name + ".tmp")
+    _write_fsynced(tmp, [json.dumps(body, indent=2, ensure_ascii=False).encode("utf-8")])
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def merge_run(
+    run_dir: str | os.PathLike,
+    filters: FilterConfig,
+    data_shard_records: int,
+    expected_keys: set[str] | None = None,
+) -> MergeResult:
+    """Merge ``RUN_DIR/shards`` into the output folders; see the module docstring.
+
+    ``expected_keys`` restricts the merge to those sample keys (records of other keys count as
+    ``stale``), e.g. to the current dataset when a run folder is reused.
+    """
+    if data_shard_records < 1:
+        raise ValueError("data_shard_records must be >= 1")
+    run_dir = Path(run_dir)
+    _recover_leftovers(run_dir)
+    scan = ShardScanStats()
+    finals, counts = _choose_finals(run_dir, filters, expected_keys, scan)
+
+    by_outcome: dict[str, list[_Final]] = {KEPT: [], REJECTED: [], FAILED: []}
+    for _key, final in sorted(finals.items(), key=lambda kv: (kv[1].prompt_index, kv[0])):
+        by_outcome[final.outcome].append(final)
+    missing = None if expected_keys is None else len(expected_keys - finals.keys())
+    del finals
+
+    token = uuid.uuid4().hex[:12]
+    built = run_dir / f"{_TMP_PREFIX}{token}"
+    for name in OUTPUT_DIRS:
+        (built / name).mkdir(parents=True)
+    try:
+        with RecordReader() as reader:
+            writer = _Pass2(reader, filters)
+            data_shards = writer.write_data(by_outcome[KEPT], built / "data", data_shard_records)
+            writer.write_jsonl(by_outcome[REJECTED], built / "rejected", "rejected", data_shard_records)
+            writer.write_jsonl(by_outcome[FAILED], built / "failed", "failed", data_shard_records)
+        stats = writer.stats.to_dict()
+        stats["merge"] = {
+            **counts,
+            "unparseable_lines": scan.unparseable_lines,
+            "shard_files": scan.files,
+            "missing": missing,
+        }
+        (built / "data" / "README.md").write_text(_dataset_card(stats, filters), encoding="utf-8")
+        for name in OUTPUT_DIRS:
+            fsync_dir(built / name)
+        _swap_in(run_dir, built, token)
+    except BaseException:
+        shutil.rmtree(built, ignore_errors=True)
+        try:  # a failed swap may have renamed an old folder away: put it back
+            _recover_leftovers(run_dir)
+        except OSError:
+            logger.exception("could not restore the previous output of %s", run_dir)
+        raise
+    write_json_atomic(run_dir / STATISTICS_FILE, stats)
+
+    result = MergeResult(
+        kept=len(by_outcome[KEPT]),
+        rejected=len(by_outcome[REJECTED]),
+        failed=len(by_outcome[FAILED]),
+        keys=sum(len(v) for v in by_outcome.values()),
+        data_shards=data_shards,
+        unparseable_lines=scan.unparseable_lines,
+        missing=missing,
+        stats=stats,
+        **counts,
+    )
+    logger.info(
+        "merged %d keys: %d kept, %d rejected, %d failed",
+        result.keys,
+        result.kept,
+        result.rejected,
+        result.failed,
+    )
+    return result

@@ -1,0 +1,144 @@
+"""The one Parquet schema of every ``data/train-*.parquet`` shard.
+
+Why fixed: HuggingFace ``datasets`` refuses to load a set of Parquet files whose schemas differ, and
+inferring a schema per shard makes them differ as soon as one shard lacks a value (e.g. every
+``category`` null) or a dict has other keys. So scalars and fixed-shape structs are typed here, and the
+free-form values whose keys vary from record to record are stored as JSON strings:
+
+- ``messages``: raw OpenAI messages (optional keys such as ``tool_calls``, ``reasoning_content``);
+- ``metadata``: whatever the prompts file carried;
+- ``tool_stats``: keyed by tool name, and the known tools vary with the run's toolsets;
+- ``tool_error_counts``: keyed by error kind.
+
+Decode them with ``json.loads``. The JSONL output keeps the natural JSON (the Trajectory dump).
+A test checks that the structs below match the pydantic models in ``raygen.records``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+
+from raygen.records import EnvInfo, ReasoningCounts, Timing, Usage
+
+JSON_COLUMNS = ("messages", "metadata", "tool_stats", "tool_error_counts")
+"""Columns holding a JSON string (decode with ``json.loads``)."""
+
+_STRUCT_MODELS = {"reasoning": ReasoningCounts, "usage": Usage, "timing": Timing, "env": EnvInfo}
+
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("sample_key", pa.string(), nullable=False),
+        pa.field("prompt_index", pa.int64(), nullable=False),
+        pa.field("attempt", pa.int64(), nullable=False),
+        pa.field("category", pa.string()),
+        pa.field("completed", pa.bool_(), nullable=False),
+        pa.field("exit_status", pa.string(), nullable=False),
+        pa.field("error", pa.string()),
+        pa.field("api_calls", pa.int64(), nullable=False),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("config_fingerprint", pa.string(), nullable=False),
+        pa.field(
+            "conversations",
+            pa.list_(pa.struct([pa.field("from", pa.string()), pa.field("value", pa.string())])),
+        ),
+        pa.field("messages", pa.string(), nullable=False),
+        pa.field("metadata", pa.string(), nullable=False),
+        pa.field("toolsets_used", pa.list_(pa.string())),
+        pa.field("tools_offered", pa.list_(pa.string())),
+        pa.field("hallucinated_tools", pa.list_(pa.string())),
+        pa.field("tool_stats", pa.string(), nullable=False),
+        pa.field("tool_error_counts", pa.string(), nullable=False),
+        pa.field(
+            "reasoning",
+            pa.struct([pa.field("with_reasoning", pa.int64()), pa.field("without_reasoning", pa.int64())]),
+        ),
+        pa.field(
+            "usage",
+            pa.struct([pa.field("prompt_tokens", pa.int64()), pa.field("completion_tokens", pa.int64())]),
+        ),
+        pa.field(
+            "timing",
+            pa.struct(
+                [
+                    pa.field("started_at", pa.string()),
+                    pa.field("ended_at", pa.string()),
+                    pa.field("duration_s", pa.float64()),
+                    pa.field("model_s", pa.float64()),
+                    pa.field("tools_s", pa.float64()),
+                    pa.field("env_setup_s", pa.float64()),
+                ]
+            ),
+        ),
+        pa.field(
+            "env",
+            pa.struct(
+                [
+                    pa.field("backend", pa.string()),
+                    pa.field("image", pa.string()),
+                    pa.field("node", pa.string()),
+                ]
+            ),
+        ),
+    ]
+)
+
+# Defaults for missing struct members come from the record models, so they cannot drift apart.
+_STRUCT_DEFAULTS = {name: model().model_dump() for name, model in _STRUCT_MODELS.items()}
+
+
+def _json(value: Any, default: Any) -> str:
+    return json.dumps(default if value is None else value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else _json(value, "")
+
+
+def _strings(value: Any) -> list[str]:
+    return [str(v) for v in value or ()]
+
+
+def _struct(name: str, value: Any) -> dict[str, Any]:
+    defaults = _STRUCT_DEFAULTS[name]
+    value = value or {}
+    return {k: value.get(k, d) for k, d in defaults.items()}
+
+
+def to_row(record: dict[str, Any]) -> dict[str, Any]:
+    """One record (Trajectory JSON dict) as a row of ``SCHEMA``; missing fields get their defaults."""
+    sample_key = record["sample_key"]
+    category, error = record.get("category"), record.get("error")
+    return {
+        "id": str(record.get("id") or sample_key),
+        "sample_key": sample_key,
+        "prompt_index": int(record["prompt_index"]),
+        "attempt": int(record.get("attempt", 1)),
+        "category": None if category is None else str(category),
+        "completed": bool(record.get("completed", False)),
+        "exit_status": str(record.get("exit_status") or "completed"),
+        "error": None if error is None else str(error),
+        "api_calls": int(record.get("api_calls") or 0),
+        "model": str(record.get("model") or ""),
+        "config_fingerprint": str(record.get("config_fingerprint") or ""),
+        "conversations": [
+            {"from": str(turn.get("from", "")), "value": _text(turn.get("value", ""))}
+            for turn in record.get("conversations") or ()
+        ],
+        "messages": _json(record.get("messages"), []),
+        "metadata": _json(record.get("metadata"), {}),
+        "toolsets_used": _strings(record.get("toolsets_used")),
+        "tools_offered": _strings(record.get("tools_offered")),
+        "hallucinated_tools": _strings(record.get("hallucinated_tools")),
+        "tool_stats": _json(record.get("tool_stats"), {}),
+        "tool_error_counts": _json(record.get("tool_error_counts"), {}),
+        **{name: _struct(name, record.get(name)) for name in _STRUCT_MODELS},
+    }
+
+
+def to_arrow_table(records: list[dict[str, Any]]) -> pa.Table:
+    """Records (Trajectory JSON dicts) as a table with exactly ``SCHEMA`` (an empty list gives 0 rows)."""
+    return pa.Table.from_pylist([to_row(r) for r in records], schema=SCHEMA)

@@ -1,0 +1,131 @@
+"""The per-session summary: the small part of a record that filters and statistics need.
+
+It crosses Ray's object store once per session (workers -> driver for live statistics) and is what the
+merge classifies, so ``summarize`` is the single place that derives it from a record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from pydantic import BaseModel
+
+from raygen.errors import is_failure_status
+from raygen.records import Trajectory
+
+# Only these record fields are read; a Trajectory is never fully dumped (its messages may be large).
+_FIELDS = (
+    "sample_key",
+    "id",
+    "prompt_index",
+    "category",
+    "attempt",
+    "exit_status",
+    "completed",
+    "api_calls",
+    "tool_stats",
+    "tool_error_counts",
+    "hallucinated_tools",
+    "reasoning",
+    "usage",
+    "timing",
+)
+
+
+@dataclass(slots=True)
+class SessionSummary:
+    """Counts of one session attempt; picklable and a few hundred bytes."""
+
+    sample_key: str
+    id: str
+    prompt_index: int
+    category: str | None
+    attempt: int
+    exit_status: str
+    completed: bool
+    api_calls: int = 0
+    tool_stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    """``{tool: {count, success, failure}}``."""
+    tool_error_counts: dict[str, int] = field(default_factory=dict)
+    hallucinated_calls: int = 0
+    reasoning_with: int = 0
+    """Assistant turns that carried reasoning."""
+    reasoning_without: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    duration_s: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        """The attempt ended with an infrastructure/provider failure (``error:<kind>``)."""
+        return is_failure_status(self.exit_status)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (e.g. to ship as a string column); ``from_dict`` inverts it."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SessionSummary:
+        """Rebuild from ``to_dict`` output; unknown keys are ignored (newer writers, older readers)."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+def _plain(value: Any) -> Any:
+    return value.model_dump() if isinstance(value, BaseModel) else value
+
+
+def _int(value: Any) -> int:
+    return int(value or 0)
+
+
+def summarize(record: dict[str, Any] | Trajectory) -> SessionSummary:
+    """Derive the summary of a record (a Trajectory or its JSON dict).
+
+    Tolerant of missing optional fields (they count as zero/empty); raises ``ValueError`` when the
+    identity fields (``sample_key``, ``prompt_index``) are missing or malformed.
+
+    ``hallucinated_calls`` is the larger of ``len(hallucinated_tools)`` and
+    ``tool_error_counts["hallucinated"]``: the two should agree, and a record filling only one of
+    them must still be caught by the hallucination filter.
+    """
+    if isinstance(record, Trajectory):
+        record = {name: getattr(record, name) for name in _FIELDS}
+    if not isinstance(record, dict):
+        raise ValueError(f"record is not an object: {type(record).__name__}")
+    sample_key = record.get("sample_key")
+    if not isinstance(sample_key, str) or not sample_key:
+        raise ValueError("record has no sample_key")
+    prompt_index = record.get("prompt_index")
+    if not isinstance(prompt_index, int) or isinstance(prompt_index, bool):
+        raise ValueError(f"record {sample_key} has no integer prompt_index")
+
+    tool_stats: dict[str, dict[str, int]] = {}
+    for name, stat in (record.get("tool_stats") or {}).items():
+        stat = _plain(stat) or {}
+        tool_stats[name] = {k: _int(stat.get(k)) for k in ("count", "success", "failure")}
+    error_counts = {k: _int(v) for k, v in (record.get("tool_error_counts") or {}).items()}
+    reasoning = _plain(record.get("reasoning")) or {}
+    usage = _plain(record.get("usage")) or {}
+    timing = _plain(record.get("timing")) or {}
+    category = record.get("category")
+    return SessionSummary(
+        sample_key=sample_key,
+        id=str(record.get("id") or sample_key),
+        prompt_index=prompt_index,
+        category=None if category is None else str(category),
+        attempt=_int(record.get("attempt", 1)),
+        exit_status=str(record.get("exit_status") or "completed"),
+        completed=bool(record.get("completed", False)),
+        api_calls=_int(record.get("api_calls")),
+        tool_stats=tool_stats,
+        tool_error_counts=error_counts,
+        hallucinated_calls=max(
+            len(record.get("hallucinated_tools") or ()), error_counts.get("hallucinated", 0)
+        ),
+        reasoning_with=_int(reasoning.get("with_reasoning")),
+        reasoning_without=_int(reasoning.get("without_reasoning")),
+        prompt_tokens=_int(usage.get("prompt_tokens")),
+        completion_tokens=_int(usage.get("completion_tokens")),
+        duration_s=float(timing.get("duration_s") or 0.0),
+    )
