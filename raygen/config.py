@@ -225,9 +225,10 @@ class OutputConfig(_Section):
     """Parent folder of run folders."""
     run_name: str | None = None
     """Run folder name; unset: the dataset's name plus a UTC timestamp."""
-    shard_max_records: int = Field(256, ge=1)
-    """A worker flushes its trajectory buffer to a new shard after this many records ..."""
-    shard_flush_s: float = Field(30.0, gt=0)
+    shard_max_records: int = Field(64, ge=1)
+    """The driver flushes finished trajectories to a new shard after this many records ...
+    (small values lose less work to a crash; each flush is one small file)."""
+    shard_flush_s: float = Field(5.0, gt=0)
     """... or after this many seconds, whichever comes first."""
     data_shard_records: int = Field(10_000, ge=1)
     """Records per merged ``data/`` shard (Parquet and JSONL)."""
@@ -302,6 +303,16 @@ class GovernorConfig(_Section):
         )
 
 
+class RetryConfig(_Section):
+    """Attempts per sample for infrastructure failures (provider down, sandbox failed, worker lost)."""
+
+    max_attempts: int = Field(3, ge=1)
+    """Attempts per sample, across the passes of one run and across resumes; model/task outcomes
+    (max turns, hallucinated tools, no reasoning) are never retried."""
+    pass_delay_s: float = Field(5.0, ge=0)
+    """Pause before re-running the failed samples of a pass, so a provider or node can recover."""
+
+
 class RunConfig(_Section):
     """A whole run. Every field can be set in YAML; flags override."""
 
@@ -329,6 +340,8 @@ class RunConfig(_Section):
     """Distributed settings."""
     sim: SimConfig = Field(default_factory=SimConfig)
     """Settings of the built-in simulator when no ``model.base_url`` is given."""
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    """Retry policy for infrastructure failures."""
     governor: GovernorConfig = Field(default_factory=GovernorConfig)
     """Cluster-wide request pacing (rpm, tpm, in-flight cap, adaptive back-off on 429)."""
 

@@ -22,6 +22,7 @@ FAILURE_KINDS: dict[str, str] = {
     "env_lost": "the environment died while the session ran",
     "image_unavailable": "the row's image could not be found or pulled",
     "worker_lost": "the worker running the session died (actor or node lost)",
+    "session_timeout": "the session ran longer than session.session_timeout_s",
     "internal": "a bug in raygen or a user tool; see the record's error field",
 }
 RETRYABLE: frozenset[str] = frozenset(

@@ -49,7 +49,9 @@ _ROW_GROUP_BYTES = 64 << 20
 
 
 @dataclass(slots=True)
-class _Final:
+class FinalRecord:
+    """The record that stands for a sample key: rank = (not failed, attempt, shard order, offset)."""
+
     rank: tuple[bool, int, int, int]
     pos: ShardPos
     prompt_index: int
@@ -81,10 +83,10 @@ class MergeResult:
     """The content of ``statistics.json``."""
 
 
-def _choose_finals(
+def choose_finals(
     run_dir: Path, filters: FilterConfig, expected_keys: set[str] | None, scan: ShardScanStats
-) -> tuple[dict[str, _Final], dict[str, int]]:
-    finals: dict[str, _Final] = {}
+) -> tuple[dict[str, FinalRecord], dict[str, int]]:
+    finals: dict[str, FinalRecord] = {}
     file_order: dict[str, int] = {}
     counts = {"records_read": 0, "invalid_records": 0, "stale": 0, "attempts_superseded": 0}
     for record, pos in iter_shard_records(run_dir, scan):
@@ -107,7 +109,7 @@ def _choose_finals(
             if rank <= current.rank:
                 continue
         outcome, reason = classify(summary, filters)
-        finals[key] = _Final(rank, pos, summary.prompt_index, outcome, reason)
+        finals[key] = FinalRecord(rank, pos, summary.prompt_index, outcome, reason)
     return finals, counts
 
 
@@ -131,14 +133,14 @@ class _Pass2:
         self.reader, self.filters = reader, filters
         self.stats = StatsAccumulator()
 
-    def _load(self, final: _Final) -> tuple[bytes, dict[str, Any]]:
+    def _load(self, final: FinalRecord) -> tuple[bytes, dict[str, Any]]:
         line = self.reader.read_line(final.pos)
         record = json.loads(line)
         # Stats come from the record as written; the outcome is the one pass 1 decided.
         self.stats.add(summarize(record), final.outcome, final.reason)
         return line, record
 
-    def write_data(self, finals: list[_Final], out: Path, per_shard: int) -> int:
+    def write_data(self, finals: list[FinalRecord], out: Path, per_shard: int) -> int:
         shards = list(_chunks(finals, per_shard)) or [[]]
         for i, shard in enumerate(shards):
             stem = out / f"train-{i:05d}-of-{len(shards):05d}"
@@ -164,11 +166,11 @@ class _Pass2:
                 os.fsync(jsonl.fileno())
         return len(shards)
 
-    def write_jsonl(self, finals: list[_Final], out: Path, prefix: str, per_shard: int) -> None:
+    def write_jsonl(self, finals: list[FinalRecord], out: Path, prefix: str, per_shard: int) -> None:
         for i, shard in enumerate(_chunks(finals, per_shard)):
             _write_fsynced(out / f"{prefix}-{i:05d}.jsonl", (self._line(f) for f in shard))
 
-    def _line(self, final: _Final) -> bytes:
+    def _line(self, final: FinalRecord) -> bytes:
         line, record = self._load(final)
         if final.outcome == REJECTED:
             record["rejection_reason"] = final.reason
@@ -256,9 +258,9 @@ def merge_run(
     run_dir = Path(run_dir)
     _recover_leftovers(run_dir)
     scan = ShardScanStats()
-    finals, counts = _choose_finals(run_dir, filters, expected_keys, scan)
+    finals, counts = choose_finals(run_dir, filters, expected_keys, scan)
 
-    by_outcome: dict[str, list[_Final]] = {KEPT: [], REJECTED: [], FAILED: []}
+    by_outcome: dict[str, list[FinalRecord]] = {KEPT: [], REJECTED: [], FAILED: []}
     for _key, final in sorted(finals.items(), key=lambda kv: (kv[1].prompt_index, kv[0])):
         by_outcome[final.outcome].append(final)
     missing = None if expected_keys is None else len(expected_keys - finals.keys())

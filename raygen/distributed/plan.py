@@ -1,0 +1,23 @@
+"""What every session worker needs to know, shipped once to each actor (picklable, no Ray import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pydantic import SecretStr
+
+from raygen.config import RunConfig
+
+
+@dataclass
+class WorkerPlan:
+    config: RunConfig
+    run_name: str
+    base_url: str | None
+    """Resolved model endpoint (the simulator's when the config has none)."""
+    api_key: SecretStr = field(default_factory=lambda: SecretStr(""))
+    """Travels in the actor's constructor arguments, never in config, records or logs."""
+    config_fingerprint: str = ""
+    secret_values: list[SecretStr] = field(default_factory=list)
+    governor_name: str | None = None
+    """Named governor actor to lease capacity from; None runs without a global limit."""

@@ -1,0 +1,185 @@
+"""Chat completions through the ``openai`` SDK against any OpenAI-compatible endpoint.
+
+The SDK's own retries are off (``max_retries=0``): retries happen here, with tenacity, so every attempt
+passes through the rate gate (the cluster-wide governor sees each 429) and waits honour the
+provider's ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import openai
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from raygen.config import OpenAIModelConfig, SamplingConfig
+from raygen.errors import SessionFailure
+from raygen.model.base import ChatModel, Completion
+from raygen.model.gate import NoGate, RateGate
+
+log = logging.getLogger(__name__)
+
+
+class _Transient(Exception):
+    """A retryable provider error; ``retry_after`` is the provider's hint in seconds, if any."""
+
+    def __init__(self, kind: str, detail: str, retry_after: float | None = None):
+        super().__init__(kind, detail, retry_after)
+        self.kind, self.detail, self.retry_after = kind, detail, retry_after
+
+
+def _retry_after(headers: Any) -> float | None:
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value:
+            try:
+                return max(0.0, float(value) * scale)
+            except ValueError:
+                continue  # an HTTP-date Retry-After: fall back to our own backoff
+    return None
+
+
+def estimate_tokens(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int | None
+) -> int:
+    """Rough prompt + completion estimate (4 characters a token) for rate limiting before the call."""
+    chars = sum(len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or "")) for m in messages)
+    chars += sum(len(str(t)) for t in tools)
+    return chars // 4 + (max_tokens or 512)
+
+
+class OpenAIChatModel(ChatModel):
+    def __init__(
+        self,
+        config: OpenAIModelConfig,
+        sampling: SamplingConfig,
+        *,
+        api_key: str,
+        base_url: str,
+        gate: RateGate | None = None,
+    ):
+        self.name = config.model
+        self.config = config
+        self.sampling = sampling
+        self.gate = gate or NoGate()
+        # aiohttp transport: the default httpx2 pool walks every pooled connection on each request,
+        # which dominates CPU at thousands of concurrent sessions (docs/performance.md).
+        self.client = openai.AsyncOpenAI(
+            api_key=api_key or "not-needed",
+            base_url=base_url,
+            max_retries=0,
+            timeout=config.timeout_s,
+            http_client=openai.DefaultAioHttpClient(timeout=config.timeout_s),
+        )
+
+    def _request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.name, "messages": messages}
+        if tools:
+            body["tools"] = tools
+        s = self.sampling
+        if s.max_tokens is not None:
+            body["max_tokens"] = s.max_tokens
+        if s.temperature is not None:
+            body["temperature"] = s.temperature
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if s.extra_body:
+            body["extra_body"] = s.extra_body
+        return body
+
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+        body = self._request(messages, tools)
+        est = estimate_tokens(messages, tools, self.sampling.max_tokens)
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.config.max_retries + 1),
+            retry=retry_if_exception_type(_Transient),
+            wait=self._wait,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._attempt(body, est)
+        except _Transient as exc:
+            kind = "rate_limited" if exc.kind == "rate_limited" else "provider_unavailable"
+            raise SessionFailure(
+                kind, f"after {self.config.max_retries + 1} attempts: {exc.detail}"
+            ) from None
+        raise AssertionError("unreachable")
+
+    def _wait(self, retry_state: Any) -> float:
+        backoff = wait_random_exponential(multiplier=0.5, max=self.config.retry_max_wait_s)(retry_state)
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        hint = getattr(exc, "retry_after", None)
+        return min(self.config.retry_max_wait_s, max(backoff, hint or 0.0))
+
+    async def _attempt(self, body: dict[str, Any], est: int) -> Completion:
+        permit = await self.gate.acquire(est)
+        try:
+            raw = await self.client.chat.completions.with_raw_response.create(**body)
+        except openai.APIStatusError as exc:
+            headers = dict(exc.response.headers)
+            retry_after = _retry_after(exc.response.headers)
+            self.gate.release(permit, status=exc.status_code, retry_after_s=retry_after, headers=headers)
+            raise _classify_status(exc, retry_after) from None
+        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+            self.gate.release(permit, status=None)
+            raise _Transient("provider_unavailable", f"{type(exc).__name__}: {exc}") from None
+        except BaseException:
+            self.gate.release(permit, status=None)
+            raise
+        response = raw.parse()
+        usage = response.usage
+        prompt_tokens = usage.prompt_tokens if usage else 0
+        completion_tokens = usage.completion_tokens if usage else 0
+        self.gate.release(
+            permit,
+            status=200,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            headers=dict(raw.headers),
+        )
+        if not response.choices:
+            raise _Transient("provider_unavailable", "response had no choices")
+        choice = response.choices[0]
+        extra = {}
+        if getattr(response, "provider", None):  # OpenRouter names the upstream provider
+            extra["provider"] = response.provider
+        return Completion(
+            message=choice.message.model_dump(exclude_none=True),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            finish_reason=choice.finish_reason,
+            extra=extra,
+        )
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+def _classify_status(exc: openai.APIStatusError, retry_after: float | None) -> Exception:
+    status = exc.status_code
+    detail = f"HTTP {status}: {_short(exc)}"
+    if status == 429:
+        return _Transient("rate_limited", detail, retry_after)
+    if status >= 500 or status in (408, 409):
+        return _Transient("provider_unavailable", detail, retry_after)
+    if status in (401, 403):
+        return SessionFailure("provider_auth", detail)
+    text = detail.lower()
+    if "context" in text and ("length" in text or "window" in text or "too long" in text):
+        return SessionFailure("context_length", detail)
+    return SessionFailure("provider_bad_request", detail)
+
+
+def _short(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        msg = err.get("message") if isinstance(err, dict) else None
+        if msg:
+            return str(msg)[:500]
+    return str(exc.message)[:500]

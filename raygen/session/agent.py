@@ -1,0 +1,239 @@
+"""One agent session: prompt + model + environment + tools -> Trajectory. No Ray here.
+
+The loop calls the model with the offered tools, executes the tool calls it returns (in parallel,
+inside the session's environment) and feeds the results back, until the model answers without a tool
+call or ``max_turns`` model calls were made. Tool problems are shown to the model; infrastructure and
+provider problems end the session with ``exit_status="error:<kind>"`` and are never raised to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import traceback
+from datetime import UTC, datetime
+from typing import Any
+
+from raygen.config import SessionConfig
+from raygen.envs import EnvSpec, create_environment
+from raygen.errors import SessionFailure
+from raygen.input.rows import Sample
+from raygen.model.base import ChatModel
+from raygen.records import EnvInfo, ReasoningCounts, Timing, ToolStat, Trajectory, Usage
+from raygen.session.reasoning import split_reasoning
+from raygen.session.scrub import Scrubber
+from raygen.session.sharegpt import to_sharegpt
+from raygen.tools.base import Tool, ToolContext, ToolResult, cap_text
+
+log = logging.getLogger(__name__)
+
+
+class SessionRunner:
+    """Runs sessions that share one model client, tool registry and environment config."""
+
+    def __init__(
+        self,
+        *,
+        model: ChatModel,
+        registry: Any,
+        env_config: Any,
+        session: SessionConfig,
+        run_name: str = "raygen",
+        node: str | None = None,
+        config_fingerprint: str = "",
+        secret_values: list[str] | None = None,
+    ):
+        self.model = model
+        self.registry = registry
+        self.env_config = env_config
+        self.cfg = session
+        self.system_prompt = session.resolved_system_prompt()
+        self.run_name = run_name
+        self.node = node
+        self.config_fingerprint = config_fingerprint
+        self.scrubber = Scrubber(secret_values or [])
+
+    async def run(self, sample: Sample) -> Trajectory:
+        """Run one sample to a Trajectory. Never raises except on cancellation."""
+        state = _SessionState(sample, self)
+        try:
+            async with asyncio.timeout(self.cfg.session_timeout_s):
+                await state.run()
+        except SessionFailure as failure:
+            state.fail(failure.exit_status, str(failure))
+        except TimeoutError:
+            state.fail("error:session_timeout", f"session exceeded {self.cfg.session_timeout_s} s")
+        except Exception as exc:  # a bug must cost one session, not the run
+            log.exception("session %s crashed", sample.sample_key)
+            state.fail("error:internal", "".join(traceback.format_exception_only(exc)).strip())
+        return state.to_record()
+
+
+class _SessionState:
+    def __init__(self, sample: Sample, runner: SessionRunner):
+        self.sample = sample
+        self.r = runner
+        self.tools: list[Tool] = runner.registry.tools_for(sample.toolsets)
+        self.offered = {t.name: t for t in self.tools}
+        self.schemas = [t.schema() for t in self.tools]
+        self.messages: list[dict[str, Any]] = []
+        if runner.system_prompt:
+            self.messages.append({"role": "system", "content": runner.system_prompt})
+        self.messages.append({"role": "user", "content": sample.row.prompt})
+        self.tool_stats = {name: ToolStat() for name in runner.registry.all_tool_names()}
+        self.tool_errors: dict[str, int] = {}
+        self.hallucinated: list[str] = []
+        self.reasoning = ReasoningCounts()
+        self.usage = Usage()
+        self.api_calls = 0
+        self.completed = False
+        self.exit_status = "max_turns"
+        self.error: str | None = None
+        self.started = time.time()
+        self.model_s = self.tools_s = self.env_s = 0.0
+        self.env_info = EnvInfo(backend=runner.env_config.type, image=sample.row.image, node=runner.node)
+
+    async def run(self) -> None:
+        spec = EnvSpec(
+            session_key=f"{self.sample.sample_key}-a{self.sample.attempt}",
+            run_name=self.r.run_name,
+            image=self.sample.row.image,
+            cwd=self.sample.row.cwd,
+            env=dict(self.sample.row.env),
+            secret_values=self.r.scrubber.values,
+        )
+        t0 = time.monotonic()
+        env = create_environment(self.r.env_config, spec)
+        async with env:
+            self.env_s += time.monotonic() - t0
+            ctx = ToolContext(
+                env=env,
+                output_max_chars=self.r.cfg.tool_output_max_chars,
+                default_timeout_s=self.r.cfg.command_timeout_s,
+                max_timeout_s=self.r.cfg.max_command_timeout_s,
+            )
+            await self._loop(ctx)
+            t1 = time.monotonic()
+        self.env_s += time.monotonic() - t1
+
+    async def _loop(self, ctx: ToolContext) -> None:
+        for _ in range(self.r.cfg.max_turns):
+            t = time.monotonic()
+            completion = await self.r.model.complete(self.messages, self.schemas)
+            self.model_s += time.monotonic() - t
+            self.api_calls += 1
+            self.usage.prompt_tokens += completion.prompt_tokens
+            self.usage.completion_tokens += completion.completion_tokens
+            message = {k: v for k, v in completion.message.items() if v is not None}
+            message["role"] = "assistant"
+            self.messages.append(message)
+            reasoning, _ = split_reasoning(message)
+            if reasoning:
+                self.reasoning.with_reasoning += 1
+            else:
+                self.reasoning.without_reasoning += 1
+            calls = message.get("tool_calls") or []
+            if not calls:
+                self.completed, self.exit_status = True, "completed"
+                return
+            t = time.monotonic()
+            results = await asyncio.gather(*(self._call_tool(call, ctx) for call in calls))
+            self.tools_s += time.monotonic() - t
+            for call, result in zip(calls, results, strict=True):
+                self.messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call.get("id", ""),
+                        "name": call.get("function", {}).get("name", ""),
+                        "content": result.content,
+                    }
+                )
+
+    async def _call_tool(self, call: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        fn = call.get("function") or {}
+        name = fn.get("name") or ""
+        tool = self.offered.get(name)
+        if tool is None:
+            self.hallucinated.append(name)
+            available = ", ".join(sorted(self.offered)) or "none"
+            return self._count(
+                None,
+                ToolResult.error(f"unknown tool {name!r}; available tools: {available}", kind="hallucinated"),
+            )
+        try:
+            raw = fn.get("arguments") or "{}"
+            args = json.loads(raw) if isinstance(raw, str) else raw
+            if not isinstance(args, dict):
+                raise ValueError("arguments must be a JSON object")
+        except ValueError as exc:
+            return self._count(
+                name, ToolResult.error(f"invalid arguments for {name}: {exc}", "invalid_arguments")
+            )
+        try:
+            result = await tool.run(args, ctx)
+        except SessionFailure:
+            raise
+        except Exception as exc:  # a broken tool is the tool's failure, shown to the model
+            log.warning("tool %s raised: %r", name, exc)
+            result = ToolResult.error(f"{type(exc).__name__}: {exc}", "execution")
+        content, _ = cap_text(self.r.scrubber.scrub(result.content), ctx.output_max_chars)
+        return self._count(name, ToolResult(result.ok, content, result.error_kind))
+
+    def _count(self, name: str | None, result: ToolResult) -> ToolResult:
+        if name is not None:
+            stat = self.tool_stats.setdefault(name, ToolStat())
+            stat.count += 1
+            if result.ok:
+                stat.success += 1
+            else:
+                stat.failure += 1
+        if not result.ok:
+            kind = result.error_kind or "execution"
+            self.tool_errors[kind] = self.tool_errors.get(kind, 0) + 1
+        return result
+
+    def fail(self, exit_status: str, error: str) -> None:
+        self.completed, self.exit_status, self.error = False, exit_status, self.r.scrubber.scrub(error)
+
+    def to_record(self) -> Trajectory:
+        ended = time.time()
+        row = self.sample.row
+        record = Trajectory(
+            id=self.sample.record_id,
+            sample_key=self.sample.sample_key,
+            prompt_index=self.sample.prompt_index,
+            attempt=self.sample.attempt,
+            category=row.category,
+            metadata=dict(row.metadata),
+            conversations=to_sharegpt(self.messages, self.schemas),
+            messages=self.messages,
+            completed=self.completed,
+            exit_status=self.exit_status,
+            error=self.error,
+            api_calls=self.api_calls,
+            toolsets_used=list(self.sample.toolsets),
+            tools_offered=sorted(self.offered),
+            tool_stats=self.tool_stats,
+            tool_error_counts=self.tool_errors,
+            hallucinated_tools=self.hallucinated,
+            reasoning=self.reasoning,
+            usage=self.usage,
+            timing=Timing(
+                started_at=_iso(self.started),
+                ended_at=_iso(ended),
+                duration_s=round(ended - self.started, 4),
+                model_s=round(self.model_s, 4),
+                tools_s=round(self.tools_s, 4),
+                env_setup_s=round(self.env_s, 4),
+            ),
+            model=self.r.model.name,
+            env=self.env_info,
+            config_fingerprint=self.r.config_fingerprint,
+        )
+        return self.r.scrubber.scrub_record(record)
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")

@@ -1,0 +1,38 @@
+"""Keep secrets out of trajectories: any occurrence of a secret value is replaced before it is stored.
+
+Secret values are the API key and the values of environment variables the run marks secret. Tool output
+is scrubbed before the model sees it (so a model cannot echo a key back into later turns), and the
+finished record is scrubbed once more as a whole.
+"""
+
+from __future__ import annotations
+
+import json
+
+from raygen.records import Trajectory
+
+REDACTED = "[REDACTED]"
+_MIN_SECRET_LEN = 6  # shorter values would redact ordinary words
+
+
+class Scrubber:
+    def __init__(self, values: list[str]):
+        self.values = sorted({v for v in values if v and len(v) >= _MIN_SECRET_LEN}, key=len, reverse=True)
+
+    def scrub(self, text: str) -> str:
+        for value in self.values:
+            if value in text:
+                text = text.replace(value, REDACTED)
+        return text
+
+    def scrub_record(self, record: Trajectory) -> Trajectory:
+        if not self.values:
+            return record
+        blob = record.model_dump_json()
+        # Values are searched in their JSON-escaped form, which is how they appear inside the dump.
+        escaped = [json.dumps(v, ensure_ascii=False)[1:-1] for v in self.values]
+        if not any(e in blob for e in escaped):
+            return record
+        for e in escaped:
+            blob = blob.replace(e, REDACTED)
+        return Trajectory.model_validate_json(blob)

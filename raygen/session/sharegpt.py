@@ -1,0 +1,76 @@
+"""OpenAI-format messages -> ShareGPT turns (Hermes function-calling style).
+
+- system: the system prompt, followed by the offered tools' JSON schemas in a ``<tools>`` block
+  (training data for tool calling needs the tool definitions next to the conversation);
+- human: the user's message verbatim;
+- gpt: ``<think>reasoning</think>`` (if any), the visible content, then one
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` per call;
+- tool: consecutive tool results merged into one turn of ``<tool_response>{...}</tool_response>`` blocks.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from raygen.session.reasoning import split_reasoning
+
+
+def _maybe_json(text: Any) -> Any:
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def to_sharegpt(messages: list[dict[str, Any]], tool_schemas: list[dict[str, Any]]) -> list[dict[str, str]]:
+    turns: list[dict[str, str]] = []
+    system = next((m.get("content") or "" for m in messages if m.get("role") == "system"), "")
+    if tool_schemas:
+        tools_block = "<tools>\n" + _dumps([s["function"] for s in tool_schemas]) + "\n</tools>"
+        system = f"{system}\n\n{tools_block}" if system else tools_block
+    if system:
+        turns.append({"from": "system", "value": system})
+    for message in messages:
+        role = message.get("role")
+        if role == "user":
+            turns.append({"from": "human", "value": message.get("content") or ""})
+        elif role == "assistant":
+            turns.append({"from": "gpt", "value": _render_assistant(message)})
+        elif role == "tool":
+            block = (
+                "<tool_response>\n"
+                + _dumps(
+                    {
+                        "tool_call_id": message.get("tool_call_id"),
+                        "name": message.get("name"),
+                        "content": _maybe_json(message.get("content")),
+                    }
+                )
+                + "\n</tool_response>"
+            )
+            if turns and turns[-1]["from"] == "tool":
+                turns[-1]["value"] += "\n" + block
+            else:
+                turns.append({"from": "tool", "value": block})
+    return turns
+
+
+def _render_assistant(message: dict[str, Any]) -> str:
+    reasoning, content = split_reasoning(message)
+    parts = []
+    if reasoning:
+        parts.append(f"<think>\n{reasoning}\n</think>")
+    if content:
+        parts.append(content)
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function", {})
+        payload = {"name": fn.get("name"), "arguments": _maybe_json(fn.get("arguments"))}
+        parts.append(f"<tool_call>\n{_dumps(payload)}\n</tool_call>")
+    return "\n".join(parts)
