@@ -12,6 +12,10 @@ from raygen.config import RunConfig
 from raygen.errors import ConfigError
 
 
+# Backend sections are discriminated unions; a section given without ``type`` means the default backend.
+_DEFAULT_TYPES = {"model": "openai", "env": "local"}
+
+
 def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in overrides.items():
@@ -47,6 +51,9 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> R
             raise ConfigError(f"{path}: the top level must be a mapping")
         data = loaded or {}
     data = deep_merge(data, overrides or {})
+    for section, default in _DEFAULT_TYPES.items():
+        if isinstance(data.get(section), dict):
+            data[section].setdefault("type", default)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
