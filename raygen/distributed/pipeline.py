@@ -75,10 +75,11 @@ def run_pipeline(
         fn_constructor_kwargs={"plan": plan},
         batch_size=batch_size_for(rc.sessions_per_worker),
         compute=ray.data.ActorPoolStrategy(
-            size=rc.workers, max_tasks_in_flight_per_actor=2 * _TASKS_PER_ACTOR
+            size=rc.workers,
+            max_tasks_in_flight_per_actor=2 * _TASKS_PER_ACTOR,
+            max_concurrent_calls_per_actor=_TASKS_PER_ACTOR,
         ),
         num_cpus=rc.num_cpus_per_worker,
-        max_concurrency=_TASKS_PER_ACTOR,
     )
     for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
         records = batch.column("record").to_pylist()

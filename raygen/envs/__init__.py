@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import importlib
 
-from raygen.envs.base import EnvSpec, Environment, ExecResult
+from raygen.envs.base import Environment, EnvSpec, ExecResult
 
 # type -> "module:class". Backends with optional dependencies raise MissingExtraError on import.
 BACKENDS: dict[str, str] = {
     "local": "raygen.envs.local:LocalEnvironment",
     "fake": "raygen.envs.fake:FakeEnvironment",
+    "docker": "raygen.envs.docker:DockerEnvironment",
 }
 
 

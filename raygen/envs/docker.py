@@ -1,0 +1,459 @@
+"""DockerEnvironment: one container per session, through the ``docker`` SDK (``raygen[docker]``).
+
+The container runs a do-nothing keep-alive under Docker's init (``init=True``: PID 1 reaps orphans and
+forwards signals), with no network (``network_mode=none``) unless ``env.network``, never privileged, no
+host mounts unless ``env.mounts``, CPU/memory/PID limits from the config, and labels naming the run, the
+session and the owning process so the reaper can find leftovers. Commands run with ``docker exec`` as
+``sh -c`` in the session's cwd (created by Docker as the container's working directory).
+
+Timeouts: every exec carries a unique ``RAYGEN_EXEC_ID`` variable in its environment, which every child
+inherits, whatever process group or session it moves to. On timeout a second exec SIGKILLs every process
+whose ``/proc/<pid>/environ`` holds that id, pass after pass until none is left (children forked during a
+pass are caught by the next). Only a process that scrubs its own environment (``env -i``) escapes; those
+die with the container. This works with busybox and GNU userlands alike (``tr``, ``grep``, ``kill``),
+where ``timeout`` would only kill the direct child.
+
+All blocking SDK calls run on a dedicated thread pool (see ``images.run_blocking``), so one worker's event
+loop keeps serving its other sessions. ``close()`` force-removes the container on every path; a
+cancelled caller still waits for the removal to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import io
+import logging
+import os
+import posixpath
+import re
+import secrets
+import socket
+import tarfile
+import time
+from contextlib import suppress
+from typing import Any
+
+from raygen.config import DockerEnvConfig
+from raygen.envs.base import Environment, EnvSpec, ExecResult
+from raygen.envs.images import (
+    LABEL_OWNER_HOST,
+    LABEL_OWNER_PID,
+    LABEL_RUN,
+    LABEL_SAMPLE,
+    ensure_images,
+    get_client_async,
+    import_docker,
+    run_blocking,
+)
+from raygen.errors import SessionFailure
+from raygen.tools.base import cap_text
+
+log = logging.getLogger(__name__)
+
+EXEC_ID_VAR = "RAYGEN_EXEC_ID"
+TIMEOUT_EXIT_CODE = 124
+"""Exit code reported for a command killed by its timeout (as GNU ``timeout`` and the local backend do)."""
+KEEPALIVE_COMMAND = ["sleep", "2147483647"]
+"""PID 1's child: sleeps ~68 years; busybox's ``sleep`` has no ``infinity``."""
+KILL_GRACE_S = 5.0
+"""After the kill exec, how long to wait for the command's output stream to end."""
+MAX_KILL_PASSES = 20
+MAX_READ_BYTES = 256 * 1024 * 1024
+"""read_file refuses larger files: one session must not be able to exhaust a worker's memory."""
+_MAX_SYMLINK_HOPS = 16
+_GO_MODE_DIR = 1 << 31  # Docker reports Go's os.FileMode in the archive stat header
+
+# Kill every process carrying EXEC_ID_VAR=$1 in its environment; repeat until a pass finds none.
+_KILL_SCRIPT = f"""
+tag="{EXEC_ID_VAR}=$1"; pass=0
+while [ "$pass" -lt {MAX_KILL_PASSES} ]; do
+  pass=$((pass + 1)); found=0
+  for dir in /proc/[0-9]*; do
+    pid="${{dir#/proc/}}"
+    [ "$pid" = "$$" ] && continue
+    if tr '\\0' '\\n' < "$dir/environ" 2>/dev/null | grep -qxF "$tag"; then
+      kill -9 "$pid" 2>/dev/null && found=1
+    fi
+  done
+  [ "$found" = 0 ] && exit 0
+done
+exit 1
+"""
+
+# Prepare a write: create the parent; exit 2 if the target is a directory.
+_PREPARE_WRITE_SCRIPT = 'mkdir -p -- "$1" || exit 1; [ -d "$2" ] && exit 2; exit 0'
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:40] or "x"
+
+
+class OutputCapture:
+    """Keeps the head and the tail of a byte stream within a fixed budget, never the whole stream."""
+
+    def __init__(self, max_chars: int):
+        self.max_chars = max(1, max_chars)
+        # A UTF-8 character is at most 4 bytes: 4x the characters kept per side always suffices.
+        self.side_budget = 4 * self.max_chars
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.side_budget - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            if len(self.tail) > self.side_budget:
+                del self.tail[: len(self.tail) - self.side_budget]
+
+    def render(self) -> tuple[str, bool]:
+        """The text (head + marker + tail if cut) and whether anything was cut."""
+        if self.total == len(self.head) + len(self.tail):
+            return cap_text(bytes(self.head + self.tail).decode("utf-8", "replace"), self.max_chars)
+        head = self.head.decode("utf-8", "replace")
+        tail = self.tail.decode("utf-8", "replace")
+        marker = f"\n... [output cut by raygen: {self.total} bytes in all] ...\n"
+        keep = max(0, self.max_chars - len(marker))
+        return head[: keep // 2] + marker + (tail[-(keep - keep // 2) :] if keep else ""), True
+
+
+def _drain(stream: Any, out: OutputCapture, err: OutputCapture) -> Exception | None:
+    """Blocking: read a demultiplexed exec stream to its end; the error that ended it early, if any
+    (expected when we closed the stream ourselves; otherwise the engine or container went away)."""
+    try:
+        for stdout_chunk, stderr_chunk in stream:
+            if stdout_chunk:
+                out.feed(stdout_chunk)
+            if stderr_chunk:
+                err.feed(stderr_chunk)
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _close_stream(stream: Any) -> None:
+    with suppress(Exception):
+        stream.close()
+
+
+class DockerEnvironment(Environment):
+    """One session's container (see the module docstring for the guarantees and how timeouts kill)."""
+
+    backend = "docker"
+
+    def __init__(self, config: DockerEnvConfig, spec: EnvSpec):
+        super().__init__(spec)
+        self.config = config
+        self.container_name = (
+            f"raygen-{_slug(spec.run_name)}-{_slug(spec.session_key)}-{secrets.token_hex(3)}"
+        )
+        self.container_id: str | None = None
+        self.cwd = posixpath.normpath(posixpath.join(config.workdir, spec.cwd or ""))
+        secret_values = {value for value in spec.secret_values if value}
+        self._env = {name: value for name, value in spec.env.items() if value not in secret_values}
+        self._client: Any = None
+        self._docker: Any = None
+        self._creating: asyncio.Future | None = None
+        self._removal: asyncio.Future | None = None
+        self._background: set[asyncio.Future] = set()
+
+    @property
+    def image(self) -> str | None:
+        return self.spec.image or self.config.default_image
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._removal is not None:
+            raise SessionFailure("env_start", "this environment was already closed")
+        self._docker = import_docker()
+        image = self.image
+        if not image:
+            raise SessionFailure("image_unavailable", "the row names no image and env.default_image is unset")
+        self._client = await get_client_async(self.config)
+        problem = (await ensure_images(self.config, {image}))[image]
+        if problem:
+            raise SessionFailure("image_unavailable", problem)
+        # Shielded and remembered: if start() is cancelled while the engine creates the container,
+        # close() waits for the creation to finish, then removes the container by name.
+        self._creating = asyncio.ensure_future(run_blocking(self.config, self._create_container, image))
+        self.container_id = await asyncio.shield(self._creating)
+
+    def _create_container(self, image: str) -> str:
+        docker = self._docker
+        config = self.config
+        options: dict[str, Any] = {
+            "name": self.container_name,
+            "labels": {
+                LABEL_RUN: self.spec.run_name,
+                LABEL_SAMPLE: self.spec.session_key,
+                LABEL_OWNER_PID: str(os.getpid()),
+                LABEL_OWNER_HOST: socket.gethostname(),
+            },
+            "init": True,
+            "working_dir": self.cwd,  # Docker creates it
+            "network_mode": None if config.network else "none",
+            "privileged": False,
+            "detach": True,
+        }
+        if config.cpus is not None:
+            options["nano_cpus"] = int(config.cpus * 1e9)
+        if config.memory is not None:
+            options["mem_limit"] = config.memory
+        if config.pids_limit is not None:
+            options["pids_limit"] = config.pids_limit
+        if config.mounts:
+            options["mounts"] = [_bind_mount(docker, mount) for mount in config.mounts]
+        try:
+            # create + start, never ``run``: run would pull a missing image behind the pull policy's back.
+            container = self._client.containers.create(image, KEEPALIVE_COMMAND, **options)
+            container.start()
+        except docker.errors.ImageNotFound as exc:
+            raise SessionFailure("image_unavailable", f"image {image!r}: {exc.explanation or exc}") from exc
+        except (docker.errors.DockerException, OSError) as exc:
+            raise SessionFailure("env_start", f"cannot start a container from {image!r}: {exc}") from exc
+        return container.id
+
+    async def close(self) -> None:
+        if self._removal is None:
+            self._removal = asyncio.ensure_future(self._remove())
+        # Cancellation must not skip the removal: wait it out, then let the cancellation through.
+        cancelled = False
+        while not self._removal.done():
+            try:
+                await asyncio.shield(self._removal)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _remove(self) -> None:
+        if self._creating is not None and not self._creating.done():
+            with suppress(BaseException):
+                await asyncio.shield(self._creating)
+        if self._creating is None:
+            return  # nothing was ever created
+        try:
+            # Removing the container also ends any command still running in it (kills in flight too).
+            await run_blocking(self.config, self._remove_container)
+        except Exception as exc:  # the reaper (``raygen clean``) catches what is left
+            log.warning("could not remove container %s: %s", self.container_name, exc)
+
+    def _remove_container(self) -> None:
+        errors = self._docker.errors
+        for attempt in range(3):
+            try:
+                # By name: works even if start() was cancelled before it learned the container's id.
+                self._client.api.remove_container(self.container_name, force=True, v=True)
+                return
+            except errors.NotFound:
+                return  # never created, or already gone
+            except errors.APIError as exc:
+                if exc.status_code == 409 and "already in progress" in str(exc):
+                    return
+                if attempt == 2:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+
+    def _require_running(self) -> str:
+        if self._removal is not None:
+            raise SessionFailure("env_lost", "the container was already removed (environment closed)")
+        if self.container_id is None:
+            raise SessionFailure("env_lost", "the environment was not started")
+        return self.container_id
+
+    def _lost(self, exc: BaseException) -> SessionFailure:
+        return SessionFailure("env_lost", f"container {self.container_name}: {exc}")
+
+    # --- commands ---------------------------------------------------------------------------------------
+
+    async def _exec_create(
+        self, argv: list[str], env: dict[str, str] | None = None, user: str = "", internal: bool = False
+    ) -> str:
+        # ``internal`` helpers (the timeout kill) may still run while close() is underway.
+        container_id = self.container_id if internal and self.container_id else self._require_running()
+        try:
+            created = await run_blocking(
+                self.config,
+                self._client.api.exec_create,
+                container_id,
+                argv,
+                environment=env,
+                workdir=self.cwd,
+                user=user,
+            )
+        except (self._docker.errors.DockerException, OSError) as exc:
+            raise self._lost(exc) from exc
+        return created["Id"]
+
+    async def _run_quiet(
+        self, argv: list[str], user: str = "", internal: bool = False
+    ) -> tuple[int | None, bytes]:
+        """Run a helper command to its end; its exit code and stdout+stderr."""
+        exec_id = await self._exec_create(argv, user=user, internal=internal)
+        try:
+            output = await run_blocking(self.config, self._client.api.exec_start, exec_id)
+            info = await run_blocking(self.config, self._client.api.exec_inspect, exec_id)
+        except (self._docker.errors.DockerException, OSError) as exc:
+            raise self._lost(exc) from exc
+        return info.get("ExitCode"), output or b""
+
+    async def exec(self, command: str, timeout_s: float, max_output_chars: int) -> ExecResult:
+        started = time.monotonic()
+        exec_tag = secrets.token_hex(12)
+        exec_id = await self._exec_create(["sh", "-c", command], {**self._env, EXEC_ID_VAR: exec_tag})
+        try:
+            stream = await run_blocking(
+                self.config, self._client.api.exec_start, exec_id, stream=True, demux=True
+            )
+        except (self._docker.errors.DockerException, OSError) as exc:
+            raise self._lost(exc) from exc
+        out, err = OutputCapture(max_output_chars), OutputCapture(max_output_chars)
+        reader = asyncio.ensure_future(run_blocking(self.config, _drain, stream, out, err))
+        timed_out = stream_closed = False
+        try:
+            await asyncio.wait([reader], timeout=timeout_s)
+            if not reader.done():
+                timed_out = True
+                await self._kill_exec(exec_tag)
+                await asyncio.wait([reader], timeout=KILL_GRACE_S)
+        except asyncio.CancelledError:
+            # Stop listening now and kill the command in the background (or close() removes it all).
+            _close_stream(stream)
+            self._spawn(self._kill_exec(exec_tag))
+            raise
+        if not reader.done():
+            # Something escaped the kill (it scrubbed its environment) and holds the output open.
+            stream_closed = True
+            _close_stream(stream)
+            await asyncio.wait([reader], timeout=KILL_GRACE_S)
+        stream_error = reader.result() if reader.done() else None
+        if stream_error is not None and not stream_closed:
+            raise self._lost(stream_error)
+        try:
+            info = await run_blocking(self.config, self._client.api.exec_inspect, exec_id)
+        except (self._docker.errors.DockerException, OSError) as exc:
+            raise self._lost(exc) from exc
+        exit_code = info.get("ExitCode")
+        if timed_out or exit_code is None:
+            exit_code = TIMEOUT_EXIT_CODE
+        stdout, stdout_cut = out.render()
+        stderr, stderr_cut = err.render()
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=stdout,
+            stderr=stderr,
+            timed_out=timed_out,
+            truncated=stdout_cut or stderr_cut,
+            duration_s=time.monotonic() - started,
+        )
+
+    async def _kill_exec(self, exec_tag: str) -> None:
+        argv = ["sh", "-c", _KILL_SCRIPT, "raygen-kill", exec_tag]
+        try:
+            # As root: the command may have switched users, and the image's user may not be root.
+            code, output = await self._run_quiet(argv, user="0", internal=True)
+        except SessionFailure as exc:
+            code, output = None, str(exc).encode()
+        if code != 0 and self._removal is None:  # while closing, the container's removal does the killing
+            log.warning("could not kill a timed-out command (exit %s): %r", code, output[:300])
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # --- files ------------------------------------------------------------------------------------------
+
+    def _absolute(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self.cwd, path))
+
+    async def read_file(self, path: str) -> bytes:
+        container_id = self._require_running()
+        target = self._absolute(path)
+        for _ in range(_MAX_SYMLINK_HOPS):
+            member, data = await run_blocking(self.config, self._fetch, container_id, target, path)
+            if not member.issym():
+                return data
+            # The engine archives a symlink itself; follow it like open() would.
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(target), member.linkname))
+        raise OSError(errno.ELOOP, "Too many levels of symbolic links", path)
+
+    def _fetch(self, container_id: str, target: str, shown_path: str) -> tuple[tarfile.TarInfo, bytes]:
+        errors = self._docker.errors
+        try:
+            stream, stat = self._client.api.get_archive(container_id, target)
+        except errors.NotFound as exc:
+            if _container_gone(exc):
+                raise self._lost(exc) from exc
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", shown_path) from exc
+        except errors.APIError as exc:  # e.g. a path the engine cannot read: the tool's problem
+            raise OSError(errno.EIO, f"cannot read: {exc.explanation or exc}", shown_path) from exc
+        except (errors.DockerException, OSError) as exc:
+            raise self._lost(exc) from exc
+        if stat.get("mode", 0) & _GO_MODE_DIR:
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", shown_path)
+        if stat.get("size", 0) > MAX_READ_BYTES:
+            raise OSError(errno.EFBIG, f"file larger than {MAX_READ_BYTES} bytes", shown_path)
+        buffer = io.BytesIO()
+        try:
+            for chunk in stream:
+                buffer.write(chunk)
+        except (errors.DockerException, OSError) as exc:
+            raise self._lost(exc) from exc
+        buffer.seek(0)
+        with tarfile.open(fileobj=buffer) as archive:
+            member = archive.next()
+            if member is None:
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory", shown_path)
+            if member.issym():
+                return member, b""
+            if not member.isfile():
+                raise OSError(errno.EINVAL, "not a regular file", shown_path)
+            handle = archive.extractfile(member)
+            return member, handle.read() if handle else b""
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        container_id = self._require_running()
+        target = self._absolute(path)
+        parent = posixpath.dirname(target) or "/"
+        code, output = await self._run_quiet(
+            ["sh", "-c", _PREPARE_WRITE_SCRIPT, "raygen-write", parent, target]
+        )
+        if code == 2:
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
+        if code != 0:
+            detail = output.decode("utf-8", "replace").strip()[:300]
+            raise OSError(errno.ENOTDIR, f"cannot create the parent directory: {detail}", path)
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            info = tarfile.TarInfo(posixpath.basename(target))
+            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+        errors = self._docker.errors
+        try:
+            await run_blocking(
+                self.config, self._client.api.put_archive, container_id, parent, archive.getvalue()
+            )
+        except errors.APIError as exc:  # e.g. a read-only mount: the tool's problem
+            if _container_gone(exc):
+                raise self._lost(exc) from exc
+            raise OSError(errno.EIO, f"cannot write: {exc.explanation or exc}", path) from exc
+        except (errors.DockerException, OSError) as exc:
+            raise self._lost(exc) from exc
+
+
+def _container_gone(exc: Any) -> bool:
+    # 404 means either "no such container" or "no such path in it"; 409 means "container not running".
+    text = str(getattr(exc, "explanation", None) or exc).lower()
+    return "no such container" in text or "is not running" in text
+
+
+def _bind_mount(docker: Any, spec: str) -> Any:
+    source, target, *mode = spec.split(":")
+    return docker.types.Mount(target=target, source=source, type="bind", read_only=mode == ["ro"])

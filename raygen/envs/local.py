@@ -1,0 +1,431 @@
+"""LocalEnvironment: a private working directory per session on this host.
+
+NOT a sandbox unless ``bwrap`` is on: commands run as this process's user and can read, write and reach
+whatever that user can. What it does guarantee is hygiene: a fresh workdir per session, a scrubbed
+environment (no host secrets), bounded output, timeouts that kill every child, and full cleanup.
+
+Workdir layout (``<root>/raygen-<run>-<session>-XXXX/``): ``home/`` (HOME), ``tmp/`` (TMPDIR, and /tmp
+under bwrap) and ``root/``, the session's pseudo filesystem root. There is no real chroot: a relative
+``cwd`` and an absolute one are both re-rooted under ``root/`` (``/app`` and ``app`` -> ``root/app``), and
+commands see the real host path. File paths given to read_file/write_file are relative to the cwd;
+absolute paths are host paths (under bwrap, writes outside the workdir are refused and ``/tmp`` maps to
+``tmp/``, matching what commands see).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import functools
+import logging
+import os
+import posixpath
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from contextlib import suppress
+from pathlib import Path
+
+from raygen.config import LocalEnvConfig
+from raygen.envs.base import Environment, EnvSpec, ExecResult
+from raygen.errors import SessionFailure
+from raygen.tools.base import cap_text
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_EXIT_CODE = 124
+SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DRAIN_GRACE_S = 0.5
+"""After the command exits (or is killed), how long to keep reading pipes that background children hold."""
+READ_CHUNK = 64 * 1024
+MAX_READ_BYTES = 256 * 1024 * 1024
+"""read_file refuses larger files: one session must not be able to exhaust a worker's memory."""
+BWRAP_FLAGS = ("--unshare-net", "--unshare-pid", "--die-with-parent", "--new-session")
+
+_warned_not_sandbox = False
+
+
+def looks_secret(name: str) -> bool:
+    """True for variable names that usually hold credentials (``OPENAI_API_KEY``, ``GH_TOKEN``, ...)."""
+    upper = name.upper()
+    return any(part in upper for part in SECRET_NAME_PARTS)
+
+
+def command_environment(
+    keep_env: list[str], spec: EnvSpec, home: str, tmpdir: str, host_env: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The scrubbed environment of a session's commands.
+
+    Only host variables named in ``keep_env`` (never secret-looking names), then the row's own ``env``,
+    then HOME/TMPDIR in the workdir; any variable whose value is one of ``spec.secret_values`` is dropped.
+    """
+    host_env = os.environ if host_env is None else host_env
+    env = {name: host_env[name] for name in keep_env if name in host_env and not looks_secret(name)}
+    env.setdefault("PATH", DEFAULT_PATH)
+    env.update(spec.env)
+    env["HOME"], env["TMPDIR"] = home, tmpdir
+    secrets = {value for value in spec.secret_values if value}
+    return {name: value for name, value in env.items() if value not in secrets}
+
+
+class OutputCapture:
+    """Keeps the head and the tail of a byte stream within a fixed budget, never the whole stream."""
+
+    def __init__(self, max_chars: int):
+        self.max_chars = max(1, max_chars)
+        # A UTF-8 character is at most 4 bytes; 2x max_chars bytes per side always covers the half that
+        # cap_text keeps of each side, for ordinary text.
+        self.side_budget = 2 * self.max_chars
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.side_budget - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            if len(self.tail) > self.side_budget:
+                del self.tail[: len(self.tail) - self.side_budget]
+
+    def render(self) -> tuple[str, bool]:
+        """The text (head + marker + tail if cut) and whether anything was cut."""
+        if self.total == len(self.head) + len(self.tail):
+            return cap_text(bytes(self.head + self.tail).decode("utf-8", "replace"), self.max_chars)
+        head = self.head.decode("utf-8", "replace")
+        tail = self.tail.decode("utf-8", "replace")
+        marker = f"\n... [output cut by raygen: {self.total} bytes in all] ...\n"
+        keep = max(0, self.max_chars - len(marker))
+        return head[: keep // 2] + marker + (tail[-(keep - keep // 2) :] if keep else ""), True
+
+
+class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    # Python 3.11's Process.wait() only returns once every pipe is closed, so a background child that
+    # keeps stdout open would hang it; this future fires when the process itself exits.
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop):
+        super().__init__(limit=limit, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+def _kill_group(pgid: int) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _leftover_pids(pgids: set[int], workdir: str) -> list[int]:
+    """Live (non-zombie) processes in these process groups or working inside ``workdir``: the latter
+    catches children that left the group (``setsid``) and bwrap's sandboxed processes. Scans /proc."""
+    try:
+        entries = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+    found = []
+    for name in entries:
+        try:
+            with open(f"/proc/{name}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()  # comm may contain spaces and ")"
+            if fields[0] in ("Z", "X") or int(name) == os.getpid():
+                continue
+            if int(fields[2]) in pgids:
+                found.append(int(name))
+                continue
+            cwd = os.readlink(f"/proc/{name}/cwd")
+        except (OSError, IndexError, ValueError):
+            continue
+        if cwd == workdir or cwd.startswith(workdir + "/"):
+            found.append(int(name))
+    return found
+
+
+async def _pump(stream: asyncio.StreamReader, capture: OutputCapture) -> None:
+    while chunk := await stream.read(READ_CHUNK):
+        capture.feed(chunk)
+
+
+def bwrap_problem(bwrap: str | None = None) -> str | None:
+    """Why bubblewrap cannot confine commands here (None if it can). Each binary is probed once."""
+    bwrap = bwrap or shutil.which("bwrap")
+    if bwrap is None:
+        return "bwrap (bubblewrap) is not installed or not on PATH"
+    return _probe_bwrap(bwrap)
+
+
+@functools.cache
+def _probe_bwrap(bwrap: str) -> str | None:
+    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *BWRAP_FLAGS, "--", "true"]
+    try:
+        probe = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap could not run: {exc}"
+    if probe.returncode != 0:
+        detail = probe.stderr.decode("utf-8", "replace").strip()[:300]
+        return f"bwrap cannot create a sandbox here (exit {probe.returncode}): {detail}"
+    return None
+
+
+def _make_dirs_writable(top: Path) -> None:
+    # Commands may leave read-only directories (chmod -w, tools' caches); a non-root owner can only
+    # delete their entries after making them writable again. Symlinks are never followed.
+    def allow(path: str) -> None:
+        with suppress(OSError):
+            if not os.path.islink(path):
+                os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) | stat.S_IRWXU)
+
+    allow(str(top))
+    for parent, dirs, _files in os.walk(top):
+        for name in dirs:
+            allow(os.path.join(parent, name))
+
+
+def remove_tree(path: Path) -> bool:
+    """Delete a session workdir whatever commands left in it; True when it is gone."""
+    for attempt in range(3):
+        try:
+            _make_dirs_writable(path)
+            shutil.rmtree(path)
+            return True
+        except FileNotFoundError:
+            return not path.exists()
+        except OSError:
+            # A just-killed process may still be finishing a write; try again shortly.
+            time.sleep(0.1 * (attempt + 1))
+    return not path.exists()
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:40] or "x"
+
+
+def _warn_not_sandbox_once() -> None:
+    global _warned_not_sandbox
+    if not _warned_not_sandbox:
+        _warned_not_sandbox = True
+        log.warning(
+            "env.type=local is not a sandbox: commands run with this user's full access to the host; "
+            "set env.bwrap: true (bubblewrap) or use a container backend to confine them"
+        )
+
+
+class LocalEnvironment(Environment):
+    """One session's private workdir on this host (see the module docstring for what it guarantees)."""
+
+    backend = "local"
+
+    def __init__(self, config: LocalEnvConfig, spec: EnvSpec):
+        super().__init__(spec)
+        self.config = config
+        self.workdir: Path | None = None
+        """The session's workdir; kept after close() (then it no longer exists) for inspection."""
+        self.cwd: Path | None = None
+        self._bwrap: str | None = None
+        self._env: dict[str, str] = {}
+        self._process_groups: set[int] = set()
+        self._closed = False
+
+    async def start(self) -> None:
+        if self._closed:
+            raise SessionFailure("env_start", "this environment was already closed")
+        if self.workdir is not None:
+            return  # already started
+        if self.config.bwrap:
+            bwrap = shutil.which("bwrap")
+            problem = await asyncio.to_thread(bwrap_problem, bwrap)
+            if problem:
+                raise SessionFailure("env_start", f"env.bwrap is on but unusable: {problem}")
+            self._bwrap = bwrap
+        else:
+            _warn_not_sandbox_once()
+        parent = Path(self.config.root) if self.config.root else Path(tempfile.gettempdir())
+        prefix = f"raygen-{_slug(self.spec.run_name)}-{_slug(self.spec.session_key)}-"
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            self.workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=parent)).resolve()
+            for sub in ("home", "tmp", "root"):
+                (self.workdir / sub).mkdir()
+            # normpath on "/" + cwd collapses "..", so a row's cwd can never climb out of the workdir.
+            inside = posixpath.normpath(posixpath.join("/", self.spec.cwd or "/")).lstrip("/")
+            self.cwd = self.workdir / "root" / inside
+            self.cwd.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SessionFailure(
+                "env_start", f"cannot create a session workdir under {parent}: {exc}"
+            ) from exc
+        tmpdir = "/tmp" if self._bwrap else str(self.workdir / "tmp")
+        self._env = command_environment(self.config.keep_env, self.spec, str(self.workdir / "home"), tmpdir)
+
+    def _require_open(self) -> Path:
+        if self._closed:
+            raise SessionFailure("env_lost", "the local environment is closed")
+        if self.cwd is None or self.workdir is None:
+            raise SessionFailure("env_lost", "the local environment was not started")
+        return self.cwd
+
+    def _argv(self, command: str, cwd: Path) -> list[str]:
+        if not self._bwrap:
+            return ["bash", "-c", command]
+        workdir = str(self.workdir)
+        # Order matters: later mounts win, so the workdir stays visible even when it lives under /tmp.
+        return [
+            self._bwrap,
+            "--ro-bind", "/", "/",
+            "--dev", "/dev",
+            "--proc", "/proc",
+            "--bind", f"{workdir}/tmp", "/tmp",
+            "--bind", workdir, workdir,
+            *BWRAP_FLAGS,
+            "--chdir", str(cwd),
+            "--", "bash", "-c", command,
+        ]  # fmt: skip
+
+    async def exec(self, command: str, timeout_s: float, max_output_chars: int) -> ExecResult:
+        cwd = self._require_open()
+        try:  # a command may have deleted its own cwd; the next one still needs somewhere to run
+            cwd.mkdir(parents=True, exist_ok=True)
+            (self.workdir / "tmp").mkdir(exist_ok=True)
+            (self.workdir / "home").mkdir(exist_ok=True)
+        except OSError as exc:
+            raise SessionFailure("env_lost", f"the session workdir is gone: {exc}") from exc
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        try:
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _ExitAwareProtocol(READ_CHUNK, loop),
+                *self._argv(command, cwd),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=self._env,
+                start_new_session=True,  # own process group: a timeout can kill every child at once
+            )
+        except OSError as exc:
+            raise SessionFailure("env_lost", f"cannot start a command: {exc}") from exc
+        pgid = transport.get_pid()
+        self._process_groups.add(pgid)
+        out, err = OutputCapture(max_output_chars), OutputCapture(max_output_chars)
+        pumps = [
+            asyncio.create_task(_pump(protocol.stdout, out)),
+            asyncio.create_task(_pump(protocol.stderr, err)),
+        ]
+        timed_out = False
+        try:
+            await asyncio.wait([protocol.exited], timeout=timeout_s)
+            if not protocol.exited.done():
+                timed_out = True
+                _kill_group(pgid)
+                await asyncio.wait([protocol.exited], timeout=DRAIN_GRACE_S)
+            # Background children may still hold the pipes: read what they write for a moment, then
+            # stop listening (they keep running until close() kills their process group).
+            await asyncio.wait(pumps, timeout=DRAIN_GRACE_S)
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            if transport.get_returncode() is None:
+                _kill_group(pgid)  # cancelled mid-command: nothing may outlive the caller's interest
+            else:
+                transport.close()
+        if not _group_alive(pgid):
+            self._process_groups.discard(pgid)
+        return self._result(transport.get_returncode(), out, err, timed_out, time.monotonic() - started)
+
+    def _result(
+        self, returncode: int | None, out: OutputCapture, err: OutputCapture, timed_out: bool, duration: float
+    ) -> ExecResult:
+        stdout, stdout_cut = out.render()
+        stderr, stderr_cut = err.render()
+        if timed_out or returncode is None:
+            exit_code = TIMEOUT_EXIT_CODE
+        else:
+            exit_code = 128 - returncode if returncode < 0 else returncode  # killed by a signal, like bash
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=stdout,
+            stderr=stderr,
+            timed_out=timed_out,
+            truncated=stdout_cut or stderr_cut,
+            duration_s=duration,
+        )
+
+    def _host_path(self, path: str, for_write: bool) -> Path:
+        cwd = self._require_open()
+        target = cwd / path  # an absolute path replaces cwd
+        if not self._bwrap:
+            return target
+        workdir = self.workdir
+        if not target.is_relative_to(workdir) and target.is_relative_to("/tmp"):
+            target = workdir / "tmp" / target.relative_to("/tmp")
+        if for_write and not target.resolve().is_relative_to(workdir):
+            raise PermissionError(errno.EROFS, "read-only outside the session workdir (bwrap)", path)
+        return target
+
+    async def read_file(self, path: str) -> bytes:
+        return await asyncio.to_thread(_read_regular_file, self._host_path(path, for_write=False))
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await asyncio.to_thread(_write_file, self._host_path(path, for_write=True), data)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        groups, self._process_groups = self._process_groups, set()
+        for pgid in groups:
+            _kill_group(pgid)
+        # SIGKILL lands asynchronously, and a child may have left its group: kill whatever still runs in
+        # the session (bounded wait), so nothing writes into the workdir while it is removed and
+        # "closed" means "no process left".
+        if self.workdir is not None:
+            for _ in range(100):
+                leftovers = await asyncio.to_thread(_leftover_pids, groups, str(self.workdir))
+                if not leftovers:
+                    break
+                for pid in leftovers:
+                    with suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                await asyncio.sleep(0.02)
+        if self.workdir is not None:
+            # Shielded: if the caller is cancelled again, the removal still completes in its thread.
+            removed = await asyncio.shield(asyncio.to_thread(remove_tree, self.workdir))
+            if not removed:
+                log.warning("could not remove session workdir %s", self.workdir)
+
+
+def _read_regular_file(path: Path) -> bytes:
+    # stat first: opening a FIFO would block forever, and /dev/zero would never end.
+    info = os.stat(path)
+    if stat.S_ISDIR(info.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
+    if not stat.S_ISREG(info.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    if info.st_size > MAX_READ_BYTES:
+        raise OSError(errno.EFBIG, f"file larger than {MAX_READ_BYTES} bytes", str(path))
+    with open(path, "rb") as handle:
+        return handle.read(MAX_READ_BYTES)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)

@@ -1,0 +1,62 @@
+"""The ``terminal`` toolset: run a shell command in the session's environment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raygen.tools.base import Tool, ToolContext, ToolResult, Toolset, cap_text, check_arguments, fit_json
+
+
+class TerminalTool(Tool):
+    """``terminal(command, timeout?)`` -> ``{"output", "exit_code"[, "timed_out"][, "truncated"]}``."""
+
+    name = "terminal"
+    description = (
+        "Run a bash command in the working directory and return its combined stdout and stderr and its exit "
+        "code. Each call starts a fresh shell (cd and variables do not persist); stdin is empty, so avoid "
+        "interactive programs. Long output is cut in the middle."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "description": "The bash command line to run."},
+            "timeout": {
+                "type": "number",
+                "description": "Seconds before the command and all its children are killed.",
+            },
+        },
+        "required": ["command"],
+    }
+
+    async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+        problem = check_arguments(self.parameters, args)
+        if problem is None and not args["command"].strip():
+            problem = "argument 'command' is empty"
+        timeout = args.get("timeout")
+        if problem is None and timeout is not None and not timeout > 0:  # "not >" also refuses NaN
+            problem = "argument 'timeout' must be positive"
+        if problem:
+            return ToolResult.error(problem, kind="invalid_arguments")
+        timeout_s = min(float(timeout if timeout is not None else ctx.default_timeout_s), ctx.max_timeout_s)
+        result = await ctx.env.exec(
+            args["command"], timeout_s=timeout_s, max_output_chars=ctx.output_max_chars
+        )
+        joiner = "\n" if result.stdout and result.stderr and not result.stdout.endswith("\n") else ""
+        output, cut = cap_text(result.stdout + joiner + result.stderr, ctx.output_max_chars)
+        payload: dict[str, Any] = {"output": output, "exit_code": result.exit_code}
+        if result.timed_out:
+            payload["timed_out"] = True
+        payload["truncated"] = True  # present while fitting, so the flag's own characters are counted
+        cut = fit_json(payload, "output", ctx.output_max_chars) or cut or result.truncated
+        if not cut:
+            del payload["truncated"]
+        if result.timed_out:
+            return ToolResult.json(payload, ok=False, error_kind="timeout")
+        if result.exit_code != 0:
+            return ToolResult.json(payload, ok=False, error_kind="execution")
+        return ToolResult.json(payload)
+
+
+def terminal_toolset() -> Toolset:
+    """A fresh ``terminal`` toolset (tools are stateless; per-session state lives in the ToolContext)."""
+    return Toolset(name="terminal", tools=[TerminalTool()], description="Run shell commands.")

@@ -1,0 +1,164 @@
+"""Image pre-flight (raygen.envs.images): presence checks, pull policy, one pull per image, the hook.
+
+Docker tests need an engine (``eval "$(.ci/docker-setup.sh /tmp/rg-docker)"``) and the test images
+(``.ci/build-test-images.sh``); they are skipped with the reason otherwise. Missing images are named
+``127.0.0.1:9/...`` so a pull attempt is refused on loopback at once and never leaves the machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import sys
+import threading
+import uuid
+
+import pytest
+
+from raygen.config import DockerEnvConfig, FakeEnvConfig, LocalEnvConfig
+from raygen.envs import images
+from raygen.errors import MissingExtraError, SessionFailure
+
+BUSYBOX = "raygen-test/busybox"
+
+
+def docker_skip_reason() -> str | None:
+    """Why Docker tests cannot run here, or None."""
+    if not os.environ.get("DOCKER_HOST"):
+        return 'DOCKER_HOST is unset: eval "$(.ci/docker-setup.sh /tmp/rg-docker)" first'
+    try:
+        client = images.get_client(DockerEnvConfig())
+    except SessionFailure as exc:
+        return f"Docker engine unreachable: {exc}"
+    try:
+        client.api.inspect_image(BUSYBOX)
+    except Exception:
+        return f"image {BUSYBOX} missing: run .ci/build-test-images.sh"
+    return None
+
+
+@pytest.fixture
+def docker_config():
+    reason = docker_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    images.forget_images()
+    yield DockerEnvConfig()
+    images.forget_images()
+
+
+class PullSpy:
+    """Counts (and forwards) calls to the SDK's low-level pull."""
+
+    def __init__(self, real):
+        self.real = real
+        self.calls: list[tuple] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, *args, **kwargs):
+        with self._lock:
+            self.calls.append(args)
+        return self.real(*args, **kwargs)
+
+
+@pytest.fixture
+def pull_spy(docker_config, monkeypatch):
+    api = images.get_client(docker_config).api
+    spy = PullSpy(api.pull)
+    monkeypatch.setattr(api, "pull", spy)
+    return spy
+
+
+def missing_image() -> str:
+    return f"127.0.0.1:9/raygen-test/missing-{uuid.uuid4().hex[:8]}:latest"
+
+
+@pytest.mark.docker
+async def test_present_image_is_ok_without_a_pull(docker_config, pull_spy):
+    assert await images.ensure_images(docker_config, {BUSYBOX}) == {BUSYBOX: None}
+    assert pull_spy.calls == []
+
+
+@pytest.mark.docker
+async def test_missing_image_gives_a_message_and_is_pulled_once_under_concurrency(docker_config, pull_spy):
+    image = missing_image()
+    results = await asyncio.gather(*(images.ensure_images(docker_config, {image, BUSYBOX}) for _ in range(8)))
+    assert len(pull_spy.calls) == 1
+    problem = results[0][image]
+    assert isinstance(problem, str) and image in problem
+    assert all(result == {image: problem, BUSYBOX: None} for result in results)
+    # Asked again later in the same process: the cached answer, no second pull.
+    assert await images.ensure_images(docker_config, [image]) == {image: problem}
+    assert len(pull_spy.calls) == 1
+
+
+@pytest.mark.docker
+async def test_pull_never_refuses_missing_images_without_pulling(docker_config, pull_spy):
+    config = docker_config.model_copy(update={"pull": "never"})
+    image = missing_image()
+    problem = (await images.ensure_images(config, {image}))[image]
+    assert problem and "never" in problem
+    assert pull_spy.calls == []
+
+
+@pytest.mark.docker
+async def test_pull_always_pulls_even_a_present_image_and_falls_back_to_it(docker_config, pull_spy):
+    config = docker_config.model_copy(update={"pull": "always"})
+    # Pulling raygen-test/busybox fails (no registry), but the local copy keeps it usable.
+    assert await images.ensure_images(config, {BUSYBOX}) == {BUSYBOX: None}
+    assert len(pull_spy.calls) == 1
+
+
+@pytest.mark.docker
+async def test_a_pull_waits_for_another_process_and_uses_its_result(docker_config, pull_spy):
+    client = images.get_client(docker_config)
+    name = f"raygen-test/tagged-{uuid.uuid4().hex[:8]}"
+    lock_file = open(images._lock_path(docker_config.base_url, name), "w")  # noqa: SIM115
+    fcntl.flock(lock_file, fcntl.LOCK_EX)  # "another process" is pulling this image
+    try:
+        pending = asyncio.ensure_future(images.ensure_images(docker_config, {name}))
+        await asyncio.sleep(0.5)
+        assert not pending.done() and pull_spy.calls == []
+        # The other process's pull lands, then it lets go of the lock.
+        client.api.tag(BUSYBOX, name, "latest")
+        fcntl.flock(lock_file, fcntl.LOCK_UN)
+        assert await asyncio.wait_for(pending, 60) == {name: None}
+        assert pull_spy.calls == []
+    finally:
+        lock_file.close()
+        client.api.remove_image(f"{name}:latest")
+
+
+@pytest.mark.docker
+async def test_prepare_images_checks_the_default_image_for_rows_without_one(docker_config):
+    config = docker_config.model_copy(update={"default_image": BUSYBOX, "pull": "never"})
+    image = missing_image()
+    result = await images.prepare_images(config, [None, image])
+    assert result[BUSYBOX] is None and result[image]
+    assert set(result) == {BUSYBOX, image}
+
+
+async def test_unreachable_engine_is_an_env_start_failure(tmp_path):
+    config = DockerEnvConfig(base_url=f"unix://{tmp_path}/no-engine.sock", api_timeout_s=5)
+    with pytest.raises(SessionFailure) as caught:
+        await images.prepare_images(config, {BUSYBOX})
+    assert caught.value.kind == "env_start"
+
+
+@pytest.mark.parametrize("config", [LocalEnvConfig(), FakeEnvConfig()], ids=["local", "fake"])
+async def test_backends_without_images_accept_every_image(config):
+    result = await images.prepare_images(config, ["python:3.12", "does/not:exist", None])
+    assert result == {"python:3.12": None, "does/not:exist": None}
+
+
+def test_reap_is_a_no_op_for_backends_without_containers():
+    assert images.reap("any-run", LocalEnvConfig()) == 0
+    assert images.reap(None, FakeEnvConfig()) == 0
+
+
+def test_missing_docker_sdk_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "docker", None)  # makes ``import docker`` fail
+    with pytest.raises(MissingExtraError) as caught:
+        images.import_docker()
+    assert caught.value.extra == "docker" and "raygen[docker]" in str(caught.value)
