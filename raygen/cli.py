@@ -283,6 +283,20 @@ def status(run_dir: Annotated[Path, typer.Argument(help="A run folder.")]) -> No
     out.print(table)
 
 
+@app.command()
+def clean(run_dir: Annotated[Path, typer.Argument(help="A run folder.")]) -> None:
+    """Remove containers and sandboxes a killed run left on this node."""
+    from raygen.envs.images import reap
+    from raygen.run_dir import read_run_config
+
+    try:
+        config = read_run_config(run_dir)
+        removed = reap(config.output.run_name, config.env)
+    except (ConfigError, OSError) as exc:
+        _fail(exc)
+    out.print(f"removed {removed} container(s) of run {config.output.run_name}")
+
+
 @sim_app.command("serve")
 def sim_serve(
     config: Annotated[Path | None, Opt("--config", "-c", help="YAML with a `sim:` section.")] = None,
@@ -317,6 +331,23 @@ def sim_serve(
     except ConfigError as exc:
         _fail(exc)
     asyncio.run(serve_forever(cfg, lambda url: err.print(f"simulator listening on {url}")))
+
+
+def _register_extensions() -> None:
+    """Commands that live with their feature (e.g. ``raygen.eval.commands``) register themselves here,
+    so each feature's CLI stays next to its code and this module stays a thin router."""
+    import importlib
+
+    for module in _EXTENSIONS:
+        try:
+            importlib.import_module(module).register(app)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+
+
+_EXTENSIONS: list[str] = []
+_register_extensions()
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -250,7 +250,7 @@ class RayConfig(_Section):
 
 class GovernorConfig(_Section):
     """Cluster-wide pacing of model requests: one governor per (endpoint, model, API key) is shared by every
-    worker on every node. With no ``rpm`` it starts at ``initial_rpm`` and probes for the provider's limit."""
+    worker on every node. Off unless a limit is set or ``adaptive`` is on."""
 
     rpm: float | None = Field(None, gt=0)
     """Requests per minute allowed across the whole cluster; unset: unknown (see ``adaptive``)."""
@@ -259,10 +259,11 @@ class GovernorConfig(_Section):
     with the provider's reported usage after it; unset: unlimited."""
     max_in_flight: int | None = Field(None, ge=1)
     """Most requests in flight at once across the cluster; unset: unlimited."""
-    adaptive: bool | None = None
+    adaptive: bool = False
     """Back off on 429 (multiply the target by ``decrease_factor``) and grow it again after clean, busy
-    traffic. Unset: on if and only if ``rpm`` is unset. With ``rpm`` set and adaptive on, ``rpm`` is both
-    the start and the ceiling. With adaptive off a 429 only pauses the cluster for its Retry-After."""
+    traffic: for providers whose limit is unknown (``--adaptive``). Without ``rpm`` it starts at
+    ``initial_rpm`` and probes up to ``max_rpm``; with ``rpm`` set, ``rpm`` is both the start and the
+    ceiling. With adaptive off a 429 only pauses the cluster for its Retry-After."""
     initial_rpm: float = Field(60.0, gt=0)
     """Adaptive start rate when ``rpm`` is unset."""
     max_rpm: float = Field(10_000.0, gt=0)
@@ -293,8 +294,8 @@ class GovernorConfig(_Section):
         return self
 
     def resolved_adaptive(self) -> bool:
-        """Whether AIMD is on: the explicit setting, else on exactly when ``rpm`` is unknown."""
-        return self.rpm is None if self.adaptive is None else self.adaptive
+        """Whether AIMD is on (opt-in, so a run with no limits configured is never throttled)."""
+        return self.adaptive
 
     def limits_anything(self) -> bool:
         """False when there is nothing to govern (no limit and adaptive off): callers use ``NoGate``."""

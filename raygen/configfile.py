@@ -11,7 +11,6 @@ from pydantic import ValidationError
 from raygen.config import RunConfig
 from raygen.errors import ConfigError
 
-
 # Backend sections are discriminated unions; a section given without ``type`` means the default backend.
 _DEFAULT_TYPES = {"model": "openai", "env": "local"}
 

@@ -29,6 +29,7 @@ from raygen.output.filters import classify
 from raygen.output.manifest import build_manifest, utc_now, write_json_atomic
 from raygen.output.merge import MergeResult, merge_run
 from raygen.output.shards import ShardWriter
+from raygen.output.stats import StatsAccumulator
 from raygen.output.summary import SessionSummary
 from raygen.progress import RunProgress
 from raygen.run_dir import write_keys
@@ -120,10 +121,15 @@ def run(
     write_json_atomic(manifest_path, manifest)
     write_keys(run_dir, expected)
 
+    live: dict[str, Any] = {}
     if pending:
-        result.sessions_run = _execute(config, setup, dataset, run_dir, ledger, pending, console)
+        result.sessions_run = _execute(config, setup, dataset, run_dir, ledger, pending, console, live)
 
     merge = merge_run(run_dir, config.filters, config.output.data_shard_records, expected_keys=expected)
+    if live:
+        # statistics.json describes the dataset (final records); these describe this invocation's work.
+        merge.stats["this_invocation"] = live
+        write_json_atomic(run_dir / "statistics.json", merge.stats)
     result.merge = merge
     manifest["ended_at"] = utc_now()
     write_json_atomic(manifest_path, manifest)
@@ -170,9 +176,13 @@ def _execute(
     ledger: Ledger,
     pending: int,
     console: Console,
+    live: dict[str, Any],
 ) -> int:
-    """Run passes until nothing is pending; returns the number of sessions run."""
+    """Run passes until nothing is pending; returns the number of sessions run. ``live`` receives what
+    only the live run knows (statistics of every attempt, the governor's history)."""
     from raygen.distributed.cluster import ensure_ray, shutdown_ray
+    from raygen.distributed.governor import get_or_create_governor
+    from raygen.distributed.monitor import GovernorMonitor
     from raygen.distributed.pipeline import run_pipeline, write_pending
     from raygen.distributed.plan import WorkerPlan
 
@@ -192,8 +202,15 @@ def _execute(
         config.output.shard_flush_s,
     )
     ran = 0
+    attempts = StatsAccumulator()  # every attempt of this invocation, from the summaries Ray delivers
+    monitor = None
+    _reap(config, console)  # containers a killed earlier attempt of this run left behind
     try:
         started_ray = ensure_ray(config.ray.address)
+        # Created by the driver so it lives exactly as long as the run (named: workers find it).
+        monitor = GovernorMonitor(
+            get_or_create_governor(config.governor, base_url, config.model.model, setup.api_key)
+        )
         plan = WorkerPlan(
             config=config,
             run_name=str(config.output.run_name),
@@ -222,15 +239,21 @@ def _execute(
                     nonlocal kept, rejected
                     writer.add(record_json)
                     ledger.record(summary.sample_key, summary.attempt, summary.exit_status)
-                    outcome, _ = classify(summary, config.filters)
+                    outcome, reason = classify(summary, config.filters)
                     kept += outcome == "kept"
                     rejected += outcome == "rejected"
-                    progress.extra = f"kept {kept} rejected {rejected}"
+                    progress.extra = f"kept {kept} rejected {rejected}" + (
+                        f" | {gov}" if (gov := monitor.line()) else ""
+                    )
+                    attempts.add(summary, outcome, reason)
                     progress.update(summary.exit_status)
 
                 run_pipeline(plan, files, on_result)
                 ran += progress.done
             writer.flush()
+        live["attempts"] = attempts.to_dict()
+        if monitor is not None and (governor := monitor.report()) is not None:
+            live["governor"] = governor
     finally:
         writer.close()
         for leftover in (run_dir / "work").glob("pending-*.jsonl"):
@@ -239,7 +262,19 @@ def _execute(
             shutdown_ray()
         if sim is not None:
             sim.stop()
+        _reap(config, console)
     return ran
+
+
+def _reap(config: RunConfig, console: Console) -> None:
+    """Remove this run's leftover containers on this node (no-op for backends without containers)."""
+    if config.env.type != "docker":
+        return
+    from raygen.envs.images import reap
+
+    removed = reap(str(config.output.run_name), config.env)
+    if removed:
+        console.print(f"removed {removed} leftover container(s) of run {config.output.run_name}")
 
 
 def summary_rows(result: RunResult) -> list[tuple[str, Any]]:

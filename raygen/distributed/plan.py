@@ -19,5 +19,3 @@ class WorkerPlan:
     """Travels in the actor's constructor arguments, never in config, records or logs."""
     config_fingerprint: str = ""
     secret_values: list[SecretStr] = field(default_factory=list)
-    governor_name: str | None = None
-    """Named governor actor to lease capacity from; None runs without a global limit."""

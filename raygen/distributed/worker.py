@@ -16,6 +16,7 @@ from typing import Any
 
 import ray
 
+from raygen.distributed.governor import make_gate
 from raygen.distributed.plan import WorkerPlan
 from raygen.input.rows import Sample
 from raygen.model import create_model
@@ -28,11 +29,9 @@ class SessionWorker:
     def __init__(self, plan: WorkerPlan):
         cfg = plan.config
         self.node = ray.get_runtime_context().get_node_id()
-        gate = None
-        if plan.governor_name:
-            from raygen.distributed.governor import gate_for
-
-            gate = gate_for(plan.governor_name)
+        api_key = plan.api_key.get_secret_value()
+        # One gate per process, leasing capacity from the cluster-wide governor the driver created.
+        gate = make_gate(cfg.governor, plan.base_url, cfg.model.model, api_key)
         self.model = create_model(
             cfg.model,
             sampling=cfg.sampling,

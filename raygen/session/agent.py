@@ -96,6 +96,7 @@ class _SessionState:
         self.env_info = EnvInfo(backend=runner.env_config.type, image=sample.row.image, node=runner.node)
 
     async def run(self) -> None:
+        await self._check_image()
         spec = EnvSpec(
             session_key=f"{self.sample.sample_key}-a{self.sample.attempt}",
             run_name=self.r.run_name,
@@ -117,6 +118,19 @@ class _SessionState:
             await self._loop(ctx)
             t1 = time.monotonic()
         self.env_s += time.monotonic() - t1
+
+    async def _check_image(self) -> None:
+        """Fail before any model call if the row's image cannot be had (checked once per image per
+        process; pulls are serialized per node)."""
+        if self.r.env_config.type in ("local", "fake"):
+            return
+        from raygen.envs.images import prepare_images
+
+        image = self.sample.row.image
+        problems = await prepare_images(self.r.env_config, [image])
+        name = image or getattr(self.r.env_config, "default_image", None)
+        if name and problems.get(name):
+            raise SessionFailure("image_unavailable", f"{name}: {problems[name]}")
 
     async def _loop(self, ctx: ToolContext) -> None:
         for _ in range(self.r.cfg.max_turns):

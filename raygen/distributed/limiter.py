@@ -1,0 +1,557 @@
+"""The arithmetic of the cluster-wide rate governor: pure Python, no Ray, no asyncio, injectable clock.
+
+``RateLimiter`` holds the state of one governor (raygen.distributed.governor wraps it in a Ray actor):
+
+- two token buckets (requests, tokens) refilled at the current target rate, holding at most ``burst_s``
+  seconds' worth, so a minute's budget never goes out at once;
+- a cluster-wide in-flight count (leased slots not yet returned or completed);
+- AIMD: a 429 multiplies the target by ``decrease_factor`` (once per ``cut_window_s`` and only for requests
+  admitted since the last cut, so one burst of 429s cuts once); clean, busy traffic grows it again;
+- a global pause until a Retry-After (or an ``x-ratelimit-reset-*`` header) passes.
+
+Workers do not ask per request: they take *leases* (a few request slots, each charged an estimated number
+of tokens) and send back batched ``UsageReport`` deltas. Deltas commute, so reports and lease calls of one
+worker may cross in flight.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from raygen.config import GovernorConfig
+
+MIN_RPM = 1.0
+"""The adaptive target never drops below this (requests per minute)."""
+_FAST_PROBE = 4.0
+"""Growth multiplier while the target is well below the last rate that drew a 429 (or none has yet)."""
+_NEAR_LAST_LIMIT = 0.9
+"""Below this share of the last limited rate, the target grows fast."""
+_FORGET_LAST_LIMIT = 1.1
+"""Above this multiple of the last limited rate without a 429, the old limit is forgotten."""
+_BUSY_SHARE = 0.8
+"""The target only grows when at least this share of it was used during the last interval."""
+_MIN_STEP_REQUESTS = 10
+"""An increase interval spans at least this many requests' worth of the target, so at low rates one probe
+past the limit is a small share of the traffic."""
+_RATE_WINDOW_S = 10
+"""Window of the achieved-rate figures in ``snapshot()``."""
+_HOLDER_TIMEOUT_S = 60.0
+"""A worker silent for this long is presumed dead and its reserved slots are freed."""
+
+
+@dataclass
+class Lease:
+    """Capacity granted to one worker: ``requests`` slots, each charged ``tokens_per_request`` tokens."""
+
+    requests: int = 0
+    tokens_per_request: float = 0.0
+    epoch: int = 0
+    """The limiter's cut counter when granted; 429s of older epochs do not cut again."""
+    ttl_s: float = 0.0
+    """Unused slots must be returned after this many seconds."""
+    pause_s: float = 0.0
+    """The cluster is paused for this much longer (Retry-After); nothing is granted meanwhile."""
+    wait_hint_s: float = 0.0
+    """When nothing was granted: roughly when to ask again."""
+    target_rpm: float | None = None
+
+
+@dataclass
+class UsageReport:
+    """What a worker tells the governor, as deltas since its previous report (so reports commute)."""
+
+    completed: int = 0
+    """Requests that finished (any status)."""
+    returned: int = 0
+    """Leased slots given back unused."""
+    token_adjust: float = 0.0
+    """Sum of (actual tokens - charged tokens) of finished requests, minus the charge of returned slots."""
+    tokens_used: int = 0
+    """Actual tokens of finished requests (for the achieved-tpm figure)."""
+    rate_limited: int = 0
+    """429 answers."""
+    rate_limited_epoch: int = -1
+    """Highest lease epoch among the 429'd requests (-1: none)."""
+    errors: int = 0
+    """5xx, timeouts and connection errors (counted, never cut the rate)."""
+    pause_s: float = 0.0
+    """Longest pause asked by the provider (Retry-After or rate-limit reset headers), in seconds."""
+    wait_s: float = 0.0
+    """Time callers spent waiting in acquire()."""
+    in_flight: int | None = None
+    """The worker's current number of requests in flight (absolute), None if unchanged."""
+
+    def is_empty(self) -> bool:
+        return self == UsageReport(in_flight=self.in_flight)
+
+    def merge(self, other: UsageReport) -> None:
+        """Add ``other`` into this report (used when a send fails and the deltas must be kept)."""
+        self.completed += other.completed
+        self.returned += other.returned
+        self.token_adjust += other.token_adjust
+        self.tokens_used += other.tokens_used
+        self.rate_limited += other.rate_limited
+        self.rate_limited_epoch = max(self.rate_limited_epoch, other.rate_limited_epoch)
+        self.errors += other.errors
+        self.pause_s = max(self.pause_s, other.pause_s)
+        self.wait_s += other.wait_s
+        if self.in_flight is None:
+            self.in_flight = other.in_flight
+
+
+@dataclass
+class _Bucket:
+    """A token bucket: ``level`` refills at ``rate`` per second up to ``capacity``; it may go negative
+    (debt) when a request costs more than is left, which then delays later grants."""
+
+    rate: float
+    capacity: float
+    level: float
+    last: float
+
+    def refill(self, now: float) -> None:
+        if now > self.last:
+            self.level = min(self.capacity, self.level + (now - self.last) * self.rate)
+        self.last = max(self.last, now)
+
+    def retarget(self, rate: float, burst_s: float, minimum: float = 1.0) -> None:
+        self.rate = rate
+        self.capacity = max(minimum, rate * burst_s)
+        self.level = min(self.level, self.capacity)
+
+    def seconds_until(self, amount: float) -> float:
+        missing = amount - self.level
+        return 0.0 if missing <= 0 else missing / self.rate
+
+
+class _RateWindow:
+    """Counts per whole second over the last ``span_s`` seconds (bounded memory)."""
+
+    def __init__(self, span_s: int = _RATE_WINDOW_S):
+        self._span = span_s
+        self._bins: deque[list[float]] = deque()  # [second, count]
+
+    def add(self, now: float, amount: float) -> None:
+        second = math.floor(now)
+        if self._bins and self._bins[-1][0] == second:
+            self._bins[-1][1] += amount
+        else:
+            self._bins.append([second, amount])
+        self._trim(now)
+
+    def total(self, now: float) -> float:
+        self._trim(now)
+        return sum(count for _, count in self._bins)
+
+    def _trim(self, now: float) -> None:
+        while self._bins and self._bins[0][0] <= math.floor(now) - self._span:
+            self._bins.popleft()
+
+
+@dataclass
+class _Holder:
+    outstanding: int = 0
+    """Slots leased to this worker and not yet completed or returned."""
+    in_flight: int = 0
+    last_seen: float = 0.0
+
+
+@dataclass
+class _History:
+    """Target-rate samples every ``every_s``; when full, every other sample is dropped and the interval
+    doubles, so a long run keeps its whole shape in bounded memory."""
+
+    max_len: int
+    every_s: float = 1.0
+    samples: list[dict] = field(default_factory=list)
+    next_at: float = 0.0
+
+
+class RateLimiter:
+    """All governor decisions for one (endpoint, model, key). Not thread-safe; the actor serialises calls."""
+
+    def __init__(
+        self,
+        config: GovernorConfig,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        history_len: int = 600,
+        holder_timeout_s: float = _HOLDER_TIMEOUT_S,
+    ):
+        self.config = config
+        self._clock = clock
+        self.adaptive = config.resolved_adaptive()
+        now = clock()
+        self._start = now
+        self.ceiling_rpm = (
+            config.rpm if config.rpm is not None else (config.max_rpm if self.adaptive else None)
+        )
+        self.target_rpm = (
+            config.rpm if config.rpm is not None else (config.initial_rpm if self.adaptive else None)
+        )
+        self.target_tpm = config.tpm
+        self._requests = self._make_bucket(self.target_rpm, now)
+        self._tokens = self._make_bucket(self.target_tpm, now)
+        self._holder_timeout_s = holder_timeout_s
+        self._holders: dict[str, _Holder] = {}
+        self.reserved = 0
+        """Slots leased and not yet completed or returned, over all workers."""
+        self.epoch = 0
+        self.paused_until = now
+        self._last_cut = -math.inf
+        self._last_limited_rpm: float | None = None
+        self._step_start = now
+        self._step_admitted = 0.0
+        self._step_tokens = 0.0
+        self._step_limited = 0
+        self._admitted = _RateWindow()
+        self._token_use = _RateWindow()
+        self._next_reap = now
+        self.totals = {
+            "granted": 0,
+            "returned": 0,
+            "completed": 0,
+            "rate_limited": 0,
+            "errors": 0,
+            "cuts": 0,
+            "pauses": 0,
+            "wait_s": 0.0,
+            "leases": 0,
+            "tokens": 0,
+        }
+        self._history = _History(max_len=history_len, next_at=now)
+
+    # ---------------------------------------------------------------- public API
+
+    def lease(
+        self, holder: str, want_requests: int, want_tokens: float = 0.0, min_requests: int = 1
+    ) -> Lease:
+        """Grant up to ``want_requests`` slots (for about ``want_tokens`` tokens in total) now, or nothing
+        if fewer than ``min_requests`` (clamped to what the buckets can ever hold) are available."""
+        now = self._advance()
+        state = self._touch(holder, now)
+        if want_requests <= 0:
+            return self._lease_reply(0, 0.0, now)
+        per_request = max(0.0, want_tokens) / want_requests
+        if now < self.paused_until:
+            return self._lease_reply(0, per_request, now, wait_hint_s=self.paused_until - now)
+        available = self._available(want_requests, per_request)
+        floor = max(1, min(min_requests, want_requests, self._max_grantable(per_request)))
+        if available < floor:
+            return self._lease_reply(0, per_request, now, wait_hint_s=self._wait_hint(floor, per_request))
+        granted = min(want_requests, available)
+        if self._requests is not None:
+            self._requests.level -= granted
+        if self._tokens is not None:
+            self._tokens.level -= granted * per_request
+        self.reserved += granted
+        state.outstanding += granted
+        self._admitted.add(now, granted)
+        self._step_admitted += granted
+        self._step_tokens += granted * per_request
+        self.totals["granted"] += granted
+        self.totals["leases"] += 1
+        return self._lease_reply(granted, per_request, now)
+
+    def report(self, holder: str, report: UsageReport) -> Lease:
+        """Apply a worker's deltas; the reply carries the current epoch and any cluster-wide pause."""
+        now = self._advance()
+        state = self._touch(holder, now)
+        freed = min(state.outstanding, report.completed + report.returned)
+        state.outstanding -= freed
+        self.reserved = max(0, self.reserved - freed)
+        if report.in_flight is not None:
+            state.in_flight = report.in_flight
+        if report.returned:
+            self._admitted.add(now, -report.returned)
+            self._step_admitted -= report.returned
+            if self._requests is not None:
+                self._requests.level = min(self._requests.capacity, self._requests.level + report.returned)
+        if self._tokens is not None and report.token_adjust:
+            self._tokens.level = min(self._tokens.capacity, self._tokens.level - report.token_adjust)
+        self._step_tokens += report.token_adjust
+        self._token_use.add(now, report.tokens_used)
+        self.totals["returned"] += report.returned
+        self.totals["completed"] += report.completed
+        self.totals["errors"] += report.errors
+        self.totals["tokens"] += report.tokens_used
+        self.totals["wait_s"] += report.wait_s
+        if report.rate_limited:
+            self.totals["rate_limited"] += report.rate_limited
+            self._step_limited += report.rate_limited
+            self._cut(now, report.rate_limited_epoch)
+        if report.pause_s > 0:
+            self._pause(now, report.pause_s)
+        return self._lease_reply(0, 0.0, now)
+
+    def wait_hint(self, want_requests: int, want_tokens: float = 0.0) -> float:
+        """Seconds until ``want_requests`` slots could be granted (0 if now; a short poll interval when
+        only the in-flight cap blocks, since that frees on reports)."""
+        now = self._advance()
+        if now < self.paused_until:
+            return self.paused_until - now
+        per_request = max(0.0, want_tokens) / max(1, want_requests)
+        return self._wait_hint(max(1, min(want_requests, self._max_grantable(per_request))), per_request)
+
+    def snapshot(self) -> dict:
+        """Current figures: targets, achieved rates over the last 10 s, in flight, 429s, waiting."""
+        now = self._advance()
+        span = max(1e-9, min(_RATE_WINDOW_S, now - self._start))
+        return {
+            "adaptive": self.adaptive,
+            "target_rpm": self.target_rpm,
+            "ceiling_rpm": self.ceiling_rpm,
+            "target_tpm": self.target_tpm,
+            "achieved_rpm": self._admitted.total(now) * 60.0 / span if now > self._start else 0.0,
+            "achieved_tpm": self._token_use.total(now) * 60.0 / span if now > self._start else 0.0,
+            "in_flight": sum(h.in_flight for h in self._holders.values()),
+            "reserved": self.reserved,
+            "max_in_flight": self.config.max_in_flight,
+            "paused_for_s": max(0.0, self.paused_until - now),
+            "epoch": self.epoch,
+            "workers": len(self._holders),
+            "requests": self.totals["granted"] - self.totals["returned"],
+            "tokens": self.totals["tokens"],
+            "rate_limited": self.totals["rate_limited"],
+            "errors": self.totals["errors"],
+            "cuts": self.totals["cuts"],
+            "pauses": self.totals["pauses"],
+            "total_wait_s": self.totals["wait_s"],
+            "leases": self.totals["leases"],
+        }
+
+    def history(self) -> list[dict]:
+        """Bounded samples ``{t, target_rpm, target_tpm, achieved_rpm, in_flight, rate_limited}`` (``t`` in
+        seconds since the limiter started; ``rate_limited`` cumulative)."""
+        self._advance()
+        return list(self._history.samples)
+
+    # ---------------------------------------------------------------- internals
+
+    def _make_bucket(self, per_minute: float | None, now: float) -> _Bucket | None:
+        if per_minute is None:
+            return None
+        bucket = _Bucket(rate=per_minute / 60.0, capacity=0.0, level=0.0, last=now)
+        bucket.retarget(per_minute / 60.0, self.config.burst_s)
+        bucket.level = bucket.capacity  # a fresh governor may send one burst's worth at once
+        return bucket
+
+    def _touch(self, holder: str, now: float) -> _Holder:
+        state = self._holders.get(holder)
+        if state is None:
+            state = self._holders[holder] = _Holder()
+        state.last_seen = now
+        return state
+
+    def _advance(self) -> float:
+        """Bring buckets, AIMD growth, reaping and history up to the clock's now."""
+        now = self._clock()
+        for bucket in (self._requests, self._tokens):
+            if bucket is not None:
+                bucket.refill(now)
+        if self.adaptive and now - self._step_start >= self._increase_interval_s():
+            self._maybe_increase(now)
+        if now >= self._next_reap:
+            self._reap(now)
+        if now >= self._history.next_at:
+            self._sample(now)
+        return now
+
+    def _available(self, want: int, per_request: float) -> int:
+        available = want
+        if self._requests is not None:
+            available = min(available, math.floor(self._requests.level + 1e-9))
+        if self.config.max_in_flight is not None:
+            available = min(available, self.config.max_in_flight - self.reserved)
+        if self._tokens is not None and per_request > 0:
+            by_tokens = math.floor(self._tokens.level / per_request + 1e-9) if self._tokens.level > 0 else 0
+            # A request larger than the whole bucket goes when the bucket is full, leaving a debt.
+            if by_tokens == 0 and self._tokens.level >= self._tokens.capacity - 1e-9:
+                by_tokens = 1
+            available = min(available, by_tokens)
+        return max(0, available)
+
+    def _max_grantable(self, per_request: float) -> int:
+        """Most slots one lease could ever get: what full buckets and the in-flight cap allow."""
+        most = math.inf
+        if self._requests is not None:
+            most = math.floor(self._requests.capacity + 1e-9)
+        if self.config.max_in_flight is not None:
+            most = min(most, self.config.max_in_flight)
+        if self._tokens is not None and per_request > 0:
+            most = min(most, max(1, math.floor(self._tokens.capacity / per_request)))
+        return int(min(most, 1_000_000))
+
+    def _wait_hint(self, count: int, per_request: float) -> float:
+        hint = 0.0
+        if self._requests is not None:
+            hint = max(hint, self._requests.seconds_until(count))
+        if self._tokens is not None and per_request > 0:
+            need = min(count * per_request, self._tokens.capacity)
+            hint = max(hint, self._tokens.seconds_until(need))
+        if self.config.max_in_flight is not None and self.config.max_in_flight - self.reserved < count:
+            hint = max(hint, 0.05)  # frees only when a worker reports; poll
+        return hint
+
+    def _lease_reply(self, granted: int, per_request: float, now: float, wait_hint_s: float = 0.0) -> Lease:
+        return Lease(
+            requests=granted,
+            tokens_per_request=per_request,
+            epoch=self.epoch,
+            ttl_s=self.config.lease_ttl_s,
+            pause_s=max(0.0, self.paused_until - now),
+            wait_hint_s=wait_hint_s,
+            target_rpm=self.target_rpm,
+        )
+
+    def _cut(self, now: float, epoch: int) -> None:
+        """Multiplicative decrease, once per window and only for 429s on capacity granted since the last
+        cut: answers still arriving for requests sent at the old rate say nothing about the new one."""
+        if not self.adaptive or epoch < self.epoch or now - self._last_cut < self.config.cut_window_s:
+            return
+        factor = self.config.decrease_factor
+        last, target = self._last_limited_rpm, self.target_rpm
+        if (
+            last is not None
+            and target is not None
+            and _NEAR_LAST_LIMIT * last <= target <= _FORGET_LAST_LIMIT * last
+        ):
+            # The same limit again: it is known, so a shallower cut suffices (more throughput, same safety).
+            factor = math.sqrt(factor)
+        self._last_limited_rpm = target
+        self._set_targets(factor, now)
+        self.epoch += 1
+        self._last_cut = now
+        self.totals["cuts"] += 1
+        self._start_step(now)
+
+    def _increase_interval_s(self) -> float:
+        return max(self.config.increase_interval_s, _MIN_STEP_REQUESTS * 60.0 / self.target_rpm)
+
+    def _maybe_increase(self, now: float) -> None:
+        """Grow the target after a clean interval in which the target, not demand, was the bottleneck."""
+        elapsed = now - self._step_start
+        busy = False
+        if self.target_rpm is not None:
+            busy = self._step_admitted >= _BUSY_SHARE * self.target_rpm / 60.0 * elapsed
+        if self.target_tpm is not None:
+            busy = busy or self._step_tokens >= _BUSY_SHARE * self.target_tpm / 60.0 * elapsed
+        if busy and self._step_limited == 0 and now >= self.paused_until:
+            last = self._last_limited_rpm
+            if (
+                last is not None
+                and self.target_rpm is not None
+                and self.target_rpm > _FORGET_LAST_LIMIT * last
+            ):
+                self._last_limited_rpm = last = None  # the provider's limit has evidently risen
+            fast = last is None or (self.target_rpm or 0) < _NEAR_LAST_LIMIT * last
+            factor = 1.0 + self.config.increase_fraction * (_FAST_PROBE if fast else 1.0)
+            if fast and last is not None and self.target_rpm:
+                # Recover quickly, but approach the rate that last drew a 429 in small steps.
+                factor = min(factor, _NEAR_LAST_LIMIT * last / self.target_rpm)
+            self._set_targets(factor, now)
+        self._start_step(now)
+
+    def _set_targets(self, factor: float, now: float) -> None:
+        if self.target_rpm is not None:
+            self.target_rpm = min(max(MIN_RPM, self.target_rpm * factor), self.ceiling_rpm or math.inf)
+            self._requests.refill(now)
+            self._requests.retarget(self.target_rpm / 60.0, self.config.burst_s)
+        if self.target_tpm is not None:
+            # The tpm ceiling is the configured tpm. At the floor, requests larger than the bucket still go
+            # whenever it is full (see _available).
+            self.target_tpm = min(max(60.0, self.target_tpm * factor), self.config.tpm)
+            self._tokens.refill(now)
+            self._tokens.retarget(self.target_tpm / 60.0, self.config.burst_s)
+
+    def _start_step(self, now: float) -> None:
+        self._step_start = now
+        self._step_admitted = 0.0
+        self._step_tokens = 0.0
+        self._step_limited = 0
+
+    def _pause(self, now: float, seconds: float) -> None:
+        until = now + min(seconds, self.config.max_pause_s)
+        if until > self.paused_until:
+            if self.paused_until <= now:
+                self.totals["pauses"] += 1
+            self.paused_until = until
+
+    def _reap(self, now: float) -> None:
+        for name, state in list(self._holders.items()):
+            if now - state.last_seen > self._holder_timeout_s:
+                self.reserved = max(0, self.reserved - state.outstanding)
+                del self._holders[name]
+        self._next_reap = now + 1.0
+
+    def _sample(self, now: float) -> None:
+        hist = self._history
+        snap_target = self.target_rpm
+        span = max(1e-9, min(_RATE_WINDOW_S, now - self._start))
+        hist.samples.append(
+            {
+                "t": round(now - self._start, 3),
+                "target_rpm": None if snap_target is None else round(snap_target, 3),
+                "target_tpm": None if self.target_tpm is None else round(self.target_tpm, 3),
+                "achieved_rpm": round(self._admitted.total(now) * 60.0 / span, 3)
+                if now > self._start
+                else 0.0,
+                "in_flight": sum(h.in_flight for h in self._holders.values()),
+                "rate_limited": self.totals["rate_limited"],
+            }
+        )
+        if len(hist.samples) >= hist.max_len:
+            hist.samples = hist.samples[::2]
+            hist.every_s *= 2
+        hist.next_at = now + hist.every_s
+
+
+# ------------------------------------------------------------------------ provider headers
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def parse_reset(value: str, wall_now: float) -> float | None:
+    """Seconds until a rate-limit window resets, from ``6m0s`` / ``20ms`` / ``1.5s`` style durations
+    (OpenAI), plain seconds, or an epoch timestamp in seconds or milliseconds (OpenRouter)."""
+    text = value.strip().lower()
+    try:
+        number = float(text)
+    except ValueError:
+        parts = _DURATION_PART.findall(text)
+        if not parts or "".join(n + u for n, u in parts) != text:
+            return None
+        return sum(float(n) * _UNIT_S[u] for n, u in parts)
+    if number > 1e12:  # epoch milliseconds
+        return max(0.0, number / 1000.0 - wall_now)
+    if number > 1e9:  # epoch seconds
+        return max(0.0, number - wall_now)
+    return max(0.0, number)
+
+
+def pause_from_headers(headers: Mapping[str, str] | None, wall_now: float | None = None) -> float:
+    """How long the provider's ``x-ratelimit-*`` headers say to hold off: the reset time of any window
+    whose ``remaining`` is 0; 0.0 when none is exhausted or the headers are absent or unreadable."""
+    if not headers:
+        return 0.0
+    wall_now = time.time() if wall_now is None else wall_now
+    lower = {k.lower(): v for k, v in headers.items()}
+    pause = 0.0
+    for suffix in ("-requests", "-tokens", ""):
+        remaining = lower.get(f"x-ratelimit-remaining{suffix}")
+        reset = lower.get(f"x-ratelimit-reset{suffix}")
+        if remaining is None or reset is None:
+            continue
+        try:
+            exhausted = float(remaining) <= 0
+        except ValueError:
+            continue
+        if exhausted:
+            pause = max(pause, parse_reset(str(reset), wall_now) or 0.0)
+    return pause
