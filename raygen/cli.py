@@ -342,11 +342,12 @@ def _register_extensions() -> None:
         try:
             importlib.import_module(module).register(app)
         except ModuleNotFoundError as exc:
-            if exc.name != module:
+            # Only "this extension is not there" is skipped; a missing dependency inside it is an error.
+            if not (exc.name and (module == exc.name or module.startswith(exc.name + "."))):
                 raise
 
 
-_EXTENSIONS: list[str] = []
+_EXTENSIONS: list[str] = ["raygen.eval.commands", "raygen.hygiene.commands"]
 _register_extensions()
 
 
