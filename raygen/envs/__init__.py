@@ -11,6 +11,7 @@ BACKENDS: dict[str, str] = {
     "local": "raygen.envs.local:LocalEnvironment",
     "fake": "raygen.envs.fake:FakeEnvironment",
     "docker": "raygen.envs.docker:DockerEnvironment",
+    "modal": "raygen.envs.modal:ModalEnvironment",
 }
 
 

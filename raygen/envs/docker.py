@@ -36,6 +36,7 @@ from typing import Any
 
 from raygen.config import DockerEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult
+from raygen.envs.capture import OutputCapture
 from raygen.envs.images import (
     LABEL_OWNER_HOST,
     LABEL_OWNER_PID,
@@ -47,7 +48,6 @@ from raygen.envs.images import (
     run_blocking,
 )
 from raygen.errors import SessionFailure
-from raygen.tools.base import cap_text
 
 log = logging.getLogger(__name__)
 
@@ -87,39 +87,6 @@ _PREPARE_WRITE_SCRIPT = 'mkdir -p -- "$1" || exit 1; [ -d "$2" ] && exit 2; exit
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:40] or "x"
-
-
-class OutputCapture:
-    """Keeps the head and the tail of a byte stream within a fixed budget, never the whole stream."""
-
-    def __init__(self, max_chars: int):
-        self.max_chars = max(1, max_chars)
-        # A UTF-8 character is at most 4 bytes: 4x the characters kept per side always suffices.
-        self.side_budget = 4 * self.max_chars
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.side_budget - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            if len(self.tail) > self.side_budget:
-                del self.tail[: len(self.tail) - self.side_budget]
-
-    def render(self) -> tuple[str, bool]:
-        """The text (head + marker + tail if cut) and whether anything was cut."""
-        if self.total == len(self.head) + len(self.tail):
-            return cap_text(bytes(self.head + self.tail).decode("utf-8", "replace"), self.max_chars)
-        head = self.head.decode("utf-8", "replace")
-        tail = self.tail.decode("utf-8", "replace")
-        marker = f"\n... [output cut by raygen: {self.total} bytes in all] ...\n"
-        keep = max(0, self.max_chars - len(marker))
-        return head[: keep // 2] + marker + (tail[-(keep - keep // 2) :] if keep else ""), True
 
 
 def _drain(stream: Any, out: OutputCapture, err: OutputCapture) -> Exception | None:

@@ -32,8 +32,8 @@ from pathlib import Path
 
 from raygen.config import LocalEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult
+from raygen.envs.capture import OutputCapture
 from raygen.errors import SessionFailure
-from raygen.tools.base import cap_text
 
 log = logging.getLogger(__name__)
 
@@ -71,40 +71,6 @@ def command_environment(
     env["HOME"], env["TMPDIR"] = home, tmpdir
     secrets = {value for value in spec.secret_values if value}
     return {name: value for name, value in env.items() if value not in secrets}
-
-
-class OutputCapture:
-    """Keeps the head and the tail of a byte stream within a fixed budget, never the whole stream."""
-
-    def __init__(self, max_chars: int):
-        self.max_chars = max(1, max_chars)
-        # A UTF-8 character is at most 4 bytes; 2x max_chars bytes per side always covers the half that
-        # cap_text keeps of each side, for ordinary text.
-        self.side_budget = 2 * self.max_chars
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.side_budget - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            if len(self.tail) > self.side_budget:
-                del self.tail[: len(self.tail) - self.side_budget]
-
-    def render(self) -> tuple[str, bool]:
-        """The text (head + marker + tail if cut) and whether anything was cut."""
-        if self.total == len(self.head) + len(self.tail):
-            return cap_text(bytes(self.head + self.tail).decode("utf-8", "replace"), self.max_chars)
-        head = self.head.decode("utf-8", "replace")
-        tail = self.tail.decode("utf-8", "replace")
-        marker = f"\n... [output cut by raygen: {self.total} bytes in all] ...\n"
-        keep = max(0, self.max_chars - len(marker))
-        return head[: keep // 2] + marker + (tail[-(keep - keep // 2) :] if keep else ""), True
 
 
 class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
