@@ -204,7 +204,40 @@ class DockerEnvConfig(_Section):
         return self
 
 
-EnvConfig = Annotated[LocalEnvConfig | FakeEnvConfig | DockerEnvConfig, Field(discriminator="type")]
+class ModalEnvConfig(_Section):
+    """One Modal sandbox per session (``pip install "raygen[modal]"``), from the row's ``image``.
+
+    Credentials come from Modal's own configuration (``MODAL_TOKEN_ID``/``MODAL_TOKEN_SECRET`` or
+    ``~/.modal.toml``). Every sandbox has a hard lifetime (``timeout_s``), so a lost driver cannot leave one
+    running, and is tagged with the run and the session."""
+
+    type: Literal["modal"] = "modal"
+    """Backend selector."""
+    app_name: str = "raygen"
+    """Modal app the sandboxes belong to (looked up, created if missing)."""
+    environment_name: str | None = None
+    """Modal environment of the app; unset: the profile's default environment."""
+    default_image: str | None = None
+    """Registry image for rows that name none; a row without an image fails with ``image_unavailable``
+    if unset."""
+    workdir: str = "/work"
+    """Default working directory inside the sandbox (created); a row's relative ``cwd`` is taken in it."""
+    timeout_s: int = Field(3600, ge=10, le=86_400)
+    """Hard lifetime of each sandbox, in seconds: Modal terminates it then, whatever the driver does.
+    Keep it above ``session.session_timeout_s``."""
+    cpu: float | None = Field(1.0, gt=0)
+    """CPU cores requested per sandbox; unset: Modal's default."""
+    memory: int | None = Field(2048, ge=1)
+    """Memory requested per sandbox, in MiB; unset: Modal's default."""
+    block_network: bool = True
+    """Block all network access from the sandbox."""
+    tags: dict[str, str] = Field(default_factory=dict)
+    """Extra tags on every sandbox (raygen always adds ``raygen.run`` and ``raygen.sample``)."""
+
+
+EnvConfig = Annotated[
+    LocalEnvConfig | FakeEnvConfig | DockerEnvConfig | ModalEnvConfig, Field(discriminator="type")
+]
 
 
 class FilterConfig(_Section):

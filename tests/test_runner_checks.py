@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -25,7 +26,7 @@ def cfg(tmp_path, dataset, **model) -> RunConfig:
 
 
 def quiet() -> Console:
-    return Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    return Console(file=io.StringIO())
 
 
 def test_needs_isolation_rows_refused_on_bare_local_with_a_real_model(tmp_path, shared_dataset, monkeypatch):
