@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 $(BIN)/raygen: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[test,docker]"
+	$(BIN)/pip install -q -e ".[test,docker,modal]"
 	touch $(BIN)/raygen
 
 setup: $(BIN)/raygen

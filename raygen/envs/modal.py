@@ -152,7 +152,9 @@ class ModalEnvironment(Environment):
         try:
             await self.sandbox.filesystem.make_directory.aio(self.cwd, create_parents=True)
         except _infra_errors(self._modal) as exc:
-            raise SessionFailure("env_start", f"cannot create the working directory {self.cwd}: {exc}") from exc
+            raise SessionFailure(
+                "env_start", f"cannot create the working directory {self.cwd}: {exc}"
+            ) from exc
 
     async def close(self) -> None:
         if self._closing is None:
