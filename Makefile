@@ -23,13 +23,15 @@ demo: setup
 
 # Debian packages the tests use: bubblewrap (local sandbox), Docker engine and image tools.
 system-deps:
-	@command -v bwrap >/dev/null && command -v dockerd >/dev/null && command -v debootstrap >/dev/null || \
+	@command -v bwrap >/dev/null && command -v dockerd >/dev/null && command -v debootstrap >/dev/null && \
+	  command -v chromium >/dev/null || \
 	  (apt-get update -q && apt-get install -y -q --no-install-recommends bubblewrap docker.io containerd runc \
-	     busybox-static debootstrap iproute2 util-linux >/dev/null)
+	     busybox-static debootstrap iproute2 util-linux chromium >/dev/null)
 
-# A private Docker engine and the locally built test images (no registry is reachable here).
+# A private Docker engine, the locally built test images (no registry is reachable here) and the
+# apptainer "HPC node" fixture (.ci/apptainer-setup.sh).
 engines: system-deps
-	eval "$$(.ci/docker-setup.sh $(WORK)/docker)" && .ci/build-test-images.sh
+	eval "$$(.ci/docker-setup.sh $(WORK)/docker)" && .ci/build-test-images.sh && .ci/apptainer-setup.sh >/dev/null
 
 lint: setup
 	$(BIN)/ruff check raygen tests bench
