@@ -20,6 +20,7 @@ from raygen.distributed.governor import make_gate
 from raygen.distributed.plan import WorkerPlan
 from raygen.input.rows import Sample
 from raygen.model import create_model
+from raygen.output.shards import jsonl_safe
 from raygen.output.summary import summarize
 from raygen.session.agent import SessionRunner
 from raygen.tools.registry import load_registry
@@ -61,7 +62,7 @@ class SessionWorker:
         async with self.slots:
             record = await self.runner.run(sample)
         summary = summarize(record)
-        return record.model_dump_json(), json.dumps(dataclasses.asdict(summary))
+        return jsonl_safe(record.model_dump_json()), json.dumps(dataclasses.asdict(summary))
 
     async def __call__(self, batch: dict[str, Any]):
         results = await asyncio.gather(*(self._one(str(t)) for t in batch["text"]))

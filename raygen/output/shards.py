@@ -31,6 +31,12 @@ _WRITER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _MAX_LOGGED_BAD_LINES = 5
 
 
+def jsonl_safe(json_text: str) -> str:
+    """Escape U+2028/U+2029 in a JSON text: valid either way, but readers that split lines with
+    ``str.splitlines()`` would cut a record in two at a raw one (prompts do contain them)."""
+    return json_text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
 class ShardPos(NamedTuple):
     """Where one record lives: shard file, byte offset of its line, and the line's length (no newline)."""
 

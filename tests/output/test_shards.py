@@ -155,3 +155,14 @@ def test_record_reader_reads_any_order_with_few_open_files(tmp_path):
     with RecordReader(max_open=2) as reader:
         for i in reversed(range(30)):
             assert reader.read(positions[i])["pad"] == "x" * i
+
+
+def test_jsonl_safe_escapes_line_separators_and_stays_equal_json():
+    import json
+
+    from raygen.output.shards import jsonl_safe
+
+    value = {"prompt": "a\u2028b\u2029c\\u2028"}
+    text = jsonl_safe(json.dumps(value, ensure_ascii=False))
+    assert "\u2028" not in text and "\u2029" not in text
+    assert len(text.splitlines()) == 1 and json.loads(text) == value
