@@ -12,6 +12,7 @@ BACKENDS: dict[str, str] = {
     "fake": "raygen.envs.fake:FakeEnvironment",
     "docker": "raygen.envs.docker:DockerEnvironment",
     "modal": "raygen.envs.modal:ModalEnvironment",
+    "singularity": "raygen.envs.singularity:SingularityEnvironment",
 }
 
 

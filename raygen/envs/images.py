@@ -214,6 +214,10 @@ async def prepare_images(env_config: Any, images: Iterable[str | None]) -> dict[
     """
     wanted = set(images)
     names = {image for image in wanted if image}
+    if env_config.type == "singularity":
+        from raygen.envs.singularity_images import prepare_sif_images
+
+        return await prepare_sif_images(env_config, wanted)
     if env_config.type != "docker":
         return dict.fromkeys(names)
     if None in wanted and env_config.default_image:
