@@ -47,39 +47,23 @@ from raygen.envs.images import (
     import_docker,
     run_blocking,
 )
+from raygen.envs.processes import (
+    EXEC_ID_VAR,
+    KILL_BY_EXEC_ID_SCRIPT,
+    MAX_READ_BYTES,
+    TIMEOUT_EXIT_CODE,
+)
 from raygen.errors import SessionFailure
 
 log = logging.getLogger(__name__)
 
-EXEC_ID_VAR = "RAYGEN_EXEC_ID"
-TIMEOUT_EXIT_CODE = 124
-"""Exit code reported for a command killed by its timeout (as GNU ``timeout`` and the local backend do)."""
 KEEPALIVE_COMMAND = ["sleep", "2147483647"]
 """PID 1's child: sleeps ~68 years; busybox's ``sleep`` has no ``infinity``."""
 KILL_GRACE_S = 5.0
 """After the kill exec, how long to wait for the command's output stream to end."""
-MAX_KILL_PASSES = 20
-MAX_READ_BYTES = 256 * 1024 * 1024
-"""read_file refuses larger files: one session must not be able to exhaust a worker's memory."""
 _MAX_SYMLINK_HOPS = 16
 _GO_MODE_DIR = 1 << 31  # Docker reports Go's os.FileMode in the archive stat header
 
-# Kill every process carrying EXEC_ID_VAR=$1 in its environment; repeat until a pass finds none.
-_KILL_SCRIPT = f"""
-tag="{EXEC_ID_VAR}=$1"; pass=0
-while [ "$pass" -lt {MAX_KILL_PASSES} ]; do
-  pass=$((pass + 1)); found=0
-  for dir in /proc/[0-9]*; do
-    pid="${{dir#/proc/}}"
-    [ "$pid" = "$$" ] && continue
-    if tr '\\0' '\\n' < "$dir/environ" 2>/dev/null | grep -qxF "$tag"; then
-      kill -9 "$pid" 2>/dev/null && found=1
-    fi
-  done
-  [ "$found" = 0 ] && exit 0
-done
-exit 1
-"""
 
 # Prepare a write: create the parent; exit 2 if the target is a directory.
 _PREPARE_WRITE_SCRIPT = 'mkdir -p -- "$1" || exit 1; [ -d "$2" ] && exit 2; exit 0'
@@ -321,7 +305,7 @@ class DockerEnvironment(Environment):
         )
 
     async def _kill_exec(self, exec_tag: str) -> None:
-        argv = ["sh", "-c", _KILL_SCRIPT, "raygen-kill", exec_tag]
+        argv = ["sh", "-c", KILL_BY_EXEC_ID_SCRIPT, "raygen-kill", exec_tag]
         try:
             # As root: the command may have switched users, and the image's user may not be root.
             code, output = await self._run_quiet(argv, user="0", internal=True)

@@ -33,18 +33,22 @@ from pathlib import Path
 from raygen.config import LocalEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult
 from raygen.envs.capture import OutputCapture
+from raygen.envs.processes import (
+    DRAIN_GRACE_S,
+    READ_CHUNK,
+    TIMEOUT_EXIT_CODE,
+    ExitAwareProtocol,
+    kill_group,
+    pump_into,
+    read_regular_file,
+    write_file,
+)
 from raygen.errors import SessionFailure
 
 log = logging.getLogger(__name__)
 
-TIMEOUT_EXIT_CODE = 124
 SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-DRAIN_GRACE_S = 0.5
-"""After the command exits (or is killed), how long to keep reading pipes that background children hold."""
-READ_CHUNK = 64 * 1024
-MAX_READ_BYTES = 256 * 1024 * 1024
-"""read_file refuses larger files: one session must not be able to exhaust a worker's memory."""
 BWRAP_FLAGS = ("--unshare-net", "--unshare-pid", "--die-with-parent", "--new-session")
 
 _warned_not_sandbox = False
@@ -71,24 +75,6 @@ def command_environment(
     env["HOME"], env["TMPDIR"] = home, tmpdir
     secrets = {value for value in spec.secret_values if value}
     return {name: value for name, value in env.items() if value not in secrets}
-
-
-class _ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
-    # Python 3.11's Process.wait() only returns once every pipe is closed, so a background child that
-    # keeps stdout open would hang it; this future fires when the process itself exits.
-    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop):
-        super().__init__(limit=limit, loop=loop)
-        self.exited: asyncio.Future[None] = loop.create_future()
-
-    def process_exited(self) -> None:
-        super().process_exited()
-        if not self.exited.done():
-            self.exited.set_result(None)
-
-
-def _kill_group(pgid: int) -> None:
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -124,11 +110,6 @@ def _leftover_pids(pgids: set[int], workdir: str) -> list[int]:
         if cwd == workdir or cwd.startswith(workdir + "/"):
             found.append(int(name))
     return found
-
-
-async def _pump(stream: asyncio.StreamReader, capture: OutputCapture) -> None:
-    while chunk := await stream.read(READ_CHUNK):
-        capture.feed(chunk)
 
 
 def bwrap_problem(bwrap: str | None = None) -> str | None:
@@ -278,7 +259,7 @@ class LocalEnvironment(Environment):
         started = time.monotonic()
         try:
             transport, protocol = await loop.subprocess_exec(
-                lambda: _ExitAwareProtocol(READ_CHUNK, loop),
+                lambda: ExitAwareProtocol(READ_CHUNK, loop),
                 *self._argv(command, cwd),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -293,15 +274,15 @@ class LocalEnvironment(Environment):
         self._process_groups.add(pgid)
         out, err = OutputCapture(max_output_chars), OutputCapture(max_output_chars)
         pumps = [
-            asyncio.create_task(_pump(protocol.stdout, out)),
-            asyncio.create_task(_pump(protocol.stderr, err)),
+            asyncio.create_task(pump_into(protocol.stdout, out)),
+            asyncio.create_task(pump_into(protocol.stderr, err)),
         ]
         timed_out = False
         try:
             await asyncio.wait([protocol.exited], timeout=timeout_s)
             if not protocol.exited.done():
                 timed_out = True
-                _kill_group(pgid)
+                kill_group(pgid)
                 await asyncio.wait([protocol.exited], timeout=DRAIN_GRACE_S)
             # Background children may still hold the pipes: read what they write for a moment, then
             # stop listening (they keep running until close() kills their process group).
@@ -310,7 +291,7 @@ class LocalEnvironment(Environment):
             for pump in pumps:
                 pump.cancel()
             if transport.get_returncode() is None:
-                _kill_group(pgid)  # cancelled mid-command: nothing may outlive the caller's interest
+                kill_group(pgid)  # cancelled mid-command: nothing may outlive the caller's interest
             else:
                 transport.close()
         if not _group_alive(pgid):
@@ -348,10 +329,10 @@ class LocalEnvironment(Environment):
         return target
 
     async def read_file(self, path: str) -> bytes:
-        return await asyncio.to_thread(_read_regular_file, self._host_path(path, for_write=False))
+        return await asyncio.to_thread(read_regular_file, self._host_path(path, for_write=False))
 
     async def write_file(self, path: str, data: bytes) -> None:
-        await asyncio.to_thread(_write_file, self._host_path(path, for_write=True), data)
+        await asyncio.to_thread(write_file, self._host_path(path, for_write=True), data)
 
     async def close(self) -> None:
         if self._closed:
@@ -359,7 +340,7 @@ class LocalEnvironment(Environment):
         self._closed = True
         groups, self._process_groups = self._process_groups, set()
         for pgid in groups:
-            _kill_group(pgid)
+            kill_group(pgid)
         # SIGKILL lands asynchronously, and a child may have left its group: kill whatever still runs in
         # the session (bounded wait), so nothing writes into the workdir while it is removed and
         # "closed" means "no process left".
@@ -377,21 +358,3 @@ class LocalEnvironment(Environment):
             removed = await asyncio.shield(asyncio.to_thread(remove_tree, self.workdir))
             if not removed:
                 log.warning("could not remove session workdir %s", self.workdir)
-
-
-def _read_regular_file(path: Path) -> bytes:
-    # stat first: opening a FIFO would block forever, and /dev/zero would never end.
-    info = os.stat(path)
-    if stat.S_ISDIR(info.st_mode):
-        raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
-    if not stat.S_ISREG(info.st_mode):
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
-    if info.st_size > MAX_READ_BYTES:
-        raise OSError(errno.EFBIG, f"file larger than {MAX_READ_BYTES} bytes", str(path))
-    with open(path, "rb") as handle:
-        return handle.read(MAX_READ_BYTES)
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)

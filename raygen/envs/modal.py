@@ -33,8 +33,9 @@ from typing import Any
 from raygen.config import ModalEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult
 from raygen.envs.capture import OutputCapture
-from raygen.envs.docker import _KILL_SCRIPT, EXEC_ID_VAR, KILL_GRACE_S, TIMEOUT_EXIT_CODE
+from raygen.envs.docker import KILL_GRACE_S
 from raygen.envs.images import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
+from raygen.envs.processes import EXEC_ID_VAR, KILL_BY_EXEC_ID_SCRIPT, TIMEOUT_EXIT_CODE
 from raygen.errors import MissingExtraError, SessionFailure
 
 log = logging.getLogger(__name__)
@@ -263,7 +264,13 @@ class ModalEnvironment(Environment):
             return  # terminating the sandbox ends every command
         try:
             process = await self.sandbox.exec.aio(
-                "sh", "-c", _KILL_SCRIPT, "raygen-kill", exec_tag, timeout=KILL_EXEC_TIMEOUT_S, text=False
+                "sh",
+                "-c",
+                KILL_BY_EXEC_ID_SCRIPT,
+                "raygen-kill",
+                exec_tag,
+                timeout=KILL_EXEC_TIMEOUT_S,
+                text=False,
             )
             code = await process.wait.aio()
             detail = (await process.stderr.read.aio())[:300] if code else b""

@@ -42,20 +42,20 @@ from pathlib import Path
 
 from raygen.config import SingularityEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult
-from raygen.envs.docker import _KILL_SCRIPT, EXEC_ID_VAR
-from raygen.envs.local import (
+from raygen.envs.capture import OutputCapture
+from raygen.envs.local import looks_secret, remove_tree
+from raygen.envs.processes import (
     DRAIN_GRACE_S,
+    EXEC_ID_VAR,
+    KILL_BY_EXEC_ID_SCRIPT,
     MAX_READ_BYTES,
     READ_CHUNK,
     TIMEOUT_EXIT_CODE,
-    OutputCapture,
-    _ExitAwareProtocol,
-    _kill_group,
-    _pump,
-    _read_regular_file,
-    _write_file,
-    looks_secret,
-    remove_tree,
+    ExitAwareProtocol,
+    kill_group,
+    pump_into,
+    read_regular_file,
+    write_file,
 )
 from raygen.envs.singularity_images import find_executable, resolve_image
 from raygen.errors import SessionFailure
@@ -231,7 +231,7 @@ class SingularityEnvironment(Environment):
             except Exception as exc:
                 log.warning("could not stop instance %s: %s", self.instance_name, exc)
         for pgid in list(self._process_groups):
-            _kill_group(pgid)
+            kill_group(pgid)
         if self.workdir is not None and not await asyncio.to_thread(remove_tree, self.workdir):
             log.warning("could not remove session workdir %s", self.workdir)
 
@@ -264,7 +264,7 @@ class SingularityEnvironment(Environment):
             out, err = await asyncio.wait_for(process.communicate(stdin), timeout_s)
         finally:
             if process.returncode is None:  # timed out or cancelled
-                _kill_group(process.pid)
+                kill_group(process.pid)
                 with suppress(BaseException):  # reap it; SIGKILL makes this quick
                     await asyncio.wait_for(process.wait(), DRAIN_GRACE_S)
             self._process_groups.discard(process.pid)
@@ -281,7 +281,7 @@ class SingularityEnvironment(Environment):
         started = time.monotonic()
         try:
             transport, protocol = await loop.subprocess_exec(
-                lambda: _ExitAwareProtocol(READ_CHUNK, loop),
+                lambda: ExitAwareProtocol(READ_CHUNK, loop),
                 *self._exec_argv(self.cwd, "sh", "-c", command),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=env, start_new_session=True,
@@ -292,8 +292,8 @@ class SingularityEnvironment(Environment):
         self._process_groups.add(pgid)
         out, err = OutputCapture(max_output_chars), OutputCapture(max_output_chars)
         pumps = [
-            asyncio.create_task(_pump(protocol.stdout, out)),
-            asyncio.create_task(_pump(protocol.stderr, err)),
+            asyncio.create_task(pump_into(protocol.stdout, out)),
+            asyncio.create_task(pump_into(protocol.stderr, err)),
         ]
         timed_out = False
         try:
@@ -301,7 +301,7 @@ class SingularityEnvironment(Environment):
             if not protocol.exited.done():
                 timed_out = True
                 await self._kill_in_instance(exec_id)
-                _kill_group(pgid)
+                kill_group(pgid)
                 await asyncio.wait([protocol.exited], timeout=DRAIN_GRACE_S)
             # Background children may still hold the pipes: read for a moment, then stop listening
             # (they run on until close() stops the instance).
@@ -310,7 +310,7 @@ class SingularityEnvironment(Environment):
             for pump in pumps:
                 pump.cancel()
             if transport.get_returncode() is None:  # cancelled mid-command
-                _kill_group(pgid)
+                kill_group(pgid)
                 self._in_background(self._kill_in_instance(exec_id))
             else:
                 transport.close()
@@ -323,7 +323,7 @@ class SingularityEnvironment(Environment):
         return _result(returncode, out, err, timed_out, time.monotonic() - started)
 
     async def _kill_in_instance(self, exec_id: str) -> None:
-        argv = self._exec_argv("/", "sh", "-c", _KILL_SCRIPT, "raygen-kill", exec_id)
+        argv = self._exec_argv("/", "sh", "-c", KILL_BY_EXEC_ID_SCRIPT, "raygen-kill", exec_id)
         try:
             await self._run_quiet(argv)
         except Exception as exc:  # the instance stop at close() still ends everything
@@ -364,7 +364,7 @@ class SingularityEnvironment(Environment):
         target = self._container_path(path)
         host = self._host_path(target)
         if host is not None:
-            return await asyncio.to_thread(_read_regular_file, host)
+            return await asyncio.to_thread(read_regular_file, host)
         argv = self._exec_argv("/", "sh", "-c", _READ_SCRIPT, "raygen-read", target)
         code, out, err = await self._run_quiet(argv, timeout_s=self.config.start_timeout_s)
         await self._raise_file_error(code, err, path)
@@ -375,7 +375,7 @@ class SingularityEnvironment(Environment):
         target = self._container_path(path)
         host = self._host_path(target)
         if host is not None:
-            await asyncio.to_thread(_write_file, host, data)
+            await asyncio.to_thread(write_file, host, data)
             return
         parent = posixpath.dirname(target) or "/"
         argv = self._exec_argv("/", "sh", "-c", _WRITE_SCRIPT, "raygen-write", target, parent)

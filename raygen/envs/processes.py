@@ -1,0 +1,84 @@
+"""Process plumbing shared by the environment backends that run commands as host processes (local,
+singularity) or inside containers (docker, modal, singularity instances)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+import stat
+from contextlib import suppress
+from pathlib import Path
+
+from raygen.envs.capture import OutputCapture
+
+TIMEOUT_EXIT_CODE = 124
+"""Exit code reported for a command killed by its timeout (as GNU ``timeout`` does)."""
+DRAIN_GRACE_S = 0.5
+"""After the command exits (or is killed), how long to keep reading pipes that background children hold."""
+READ_CHUNK = 64 * 1024
+MAX_READ_BYTES = 256 * 1024 * 1024
+"""read_file refuses larger files: one session must not be able to exhaust a worker's memory."""
+EXEC_ID_VAR = "RAYGEN_EXEC_ID"
+"""Set to a unique id for every command run inside a container: all its children inherit it, even those
+that leave the process group (``setsid``), so a timeout can find and kill every one of them."""
+MAX_KILL_PASSES = 20
+
+# Kill every process carrying EXEC_ID_VAR=$1 in its environment; repeat until a pass finds none.
+KILL_BY_EXEC_ID_SCRIPT = f"""
+tag="{EXEC_ID_VAR}=$1"; pass=0
+while [ "$pass" -lt {MAX_KILL_PASSES} ]; do
+  pass=$((pass + 1)); found=0
+  for dir in /proc/[0-9]*; do
+    pid="${{dir#/proc/}}"
+    [ "$pid" = "$$" ] && continue
+    if tr '\\0' '\\n' < "$dir/environ" 2>/dev/null | grep -qxF "$tag"; then
+      kill -9 "$pid" 2>/dev/null && found=1
+    fi
+  done
+  [ "$found" = 0 ] && exit 0
+done
+exit 1
+"""
+
+
+class ExitAwareProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    # Python 3.11's Process.wait() only returns once every pipe is closed, so a background child that
+    # keeps stdout open would hang it; this future fires when the process itself exits.
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop):
+        super().__init__(limit=limit, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+def kill_group(pgid: int) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+async def pump_into(stream: asyncio.StreamReader, capture: OutputCapture) -> None:
+    while chunk := await stream.read(READ_CHUNK):
+        capture.feed(chunk)
+
+
+def read_regular_file(path: Path) -> bytes:
+    # stat first: opening a FIFO would block forever, and /dev/zero would never end.
+    info = os.stat(path)
+    if stat.S_ISDIR(info.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
+    if not stat.S_ISREG(info.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    if info.st_size > MAX_READ_BYTES:
+        raise OSError(errno.EFBIG, f"file larger than {MAX_READ_BYTES} bytes", str(path))
+    with open(path, "rb") as handle:
+        return handle.read(MAX_READ_BYTES)
+
+
+def write_file(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
