@@ -226,11 +226,16 @@ async def prepare_images(env_config: Any, images: Iterable[str | None]) -> dict[
 
 
 def reap(run_name: str | None, config: Any) -> int:
-    """Force-remove containers labelled with ``run_name`` (every raygen container when None).
+    """Force-remove containers labelled with ``run_name`` (every raygen container when None), or stop the
+    run's apptainer instances.
 
     Blocking; for ``raygen clean`` and the start and end of a run. Returns how many were removed;
     0 for backends without containers. Raises SessionFailure("env_start") if the engine is unreachable.
     """
+    if getattr(config, "type", None) == "singularity":
+        from raygen.envs.singularity import reap_instances
+
+        return reap_instances(config, run_name)
     if getattr(config, "type", None) != "docker":
         return 0
     docker = import_docker()

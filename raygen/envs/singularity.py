@@ -411,3 +411,24 @@ def _result(
         truncated=stdout_cut or stderr_cut,
         duration_s=duration,
     )
+
+
+def reap_instances(config: SingularityEnvConfig, run_name: str | None) -> int:
+    """Stop the instances of ``run_name`` (every raygen instance when None) left on this node by a killed
+    worker or driver; returns how many were stopped. Blocking: for ``raygen clean`` and run start/end."""
+    executable = find_executable(config)
+    listing = subprocess.run(
+        [executable, "instance", "list", "--json"], capture_output=True, timeout=120, check=False
+    )
+    if listing.returncode != 0:
+        log.warning("apptainer instance list failed: %s", listing.stderr.decode(errors="replace")[-300:])
+        return 0
+    prefix = "raygen-" + (f"{_slug(run_name)}-" if run_name is not None else "")
+    names = [i["instance"] for i in json.loads(listing.stdout or b"{}").get("instances") or []]
+    stopped = 0
+    for name in (n for n in names if n.startswith(prefix)):
+        stop = subprocess.run(
+            [executable, "instance", "stop", "--force", name], capture_output=True, timeout=120, check=False
+        )
+        stopped += stop.returncode == 0
+    return stopped

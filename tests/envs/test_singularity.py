@@ -335,3 +335,19 @@ def test_zz_nothing_is_left_by_this_module(sing_config):
     assert [name for name in instance_names(sing_config) if RUN_NAME in name] == []
     assert not WORK_ROOT.exists() or list(WORK_ROOT.iterdir()) == []
     shutil.rmtree(WORK_ROOT, ignore_errors=True)
+
+
+def test_reap_stops_the_instances_a_killed_worker_left(sing_config):
+    import asyncio
+
+    from raygen.envs.singularity import reap_instances
+
+    env = make_env(sing_config)
+    asyncio.run(env.start())  # never closed, as if its worker had been killed
+    try:
+        assert env.instance_name in instance_names(sing_config)
+        assert reap_instances(sing_config, "some-other-run") == 0
+        assert reap_instances(sing_config, RUN_NAME) >= 1
+        assert env.instance_name not in instance_names(sing_config)
+    finally:
+        asyncio.run(env.close())
