@@ -9,6 +9,7 @@ provider problems end the session with ``exit_status="error:<kind>"`` and are ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -97,6 +98,24 @@ class _SessionState:
 
     async def run(self) -> None:
         await self._check_image()
+        # The environment starts at the first tool call, not before the first model call: a session
+        # waiting for the rate governor (or answering without tools) holds no sandbox.
+        async with contextlib.AsyncExitStack() as stack:
+            ctx = ToolContext(
+                env=None,  # type: ignore[arg-type]  # set by _ensure_env before any tool runs
+                output_max_chars=self.r.cfg.tool_output_max_chars,
+                default_timeout_s=self.r.cfg.command_timeout_s,
+                max_timeout_s=self.r.cfg.max_command_timeout_s,
+            )
+            self._stack = stack
+            await self._loop(ctx)
+            t = time.monotonic()
+        if ctx.env is not None:
+            self.env_s += time.monotonic() - t
+
+    async def _ensure_env(self, ctx: ToolContext) -> None:
+        if ctx.env is not None:
+            return
         spec = EnvSpec(
             session_key=f"{self.sample.sample_key}-a{self.sample.attempt}",
             run_name=self.r.run_name,
@@ -105,19 +124,9 @@ class _SessionState:
             env=dict(self.sample.row.env),
             secret_values=self.r.scrubber.values,
         )
-        t0 = time.monotonic()
-        env = create_environment(self.r.env_config, spec)
-        async with env:
-            self.env_s += time.monotonic() - t0
-            ctx = ToolContext(
-                env=env,
-                output_max_chars=self.r.cfg.tool_output_max_chars,
-                default_timeout_s=self.r.cfg.command_timeout_s,
-                max_timeout_s=self.r.cfg.max_command_timeout_s,
-            )
-            await self._loop(ctx)
-            t1 = time.monotonic()
-        self.env_s += time.monotonic() - t1
+        t = time.monotonic()
+        ctx.env = await self._stack.enter_async_context(create_environment(self.r.env_config, spec))
+        self.env_s += time.monotonic() - t
 
     async def _check_image(self) -> None:
         """Fail before any model call if the row's image cannot be had (checked once per image per
@@ -152,6 +161,7 @@ class _SessionState:
             if not calls:
                 self.completed, self.exit_status = True, "completed"
                 return
+            await self._ensure_env(ctx)
             t = time.monotonic()
             results = await asyncio.gather(*(self._call_tool(call, ctx) for call in calls))
             self.tools_s += time.monotonic() - t

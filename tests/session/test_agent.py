@@ -199,3 +199,35 @@ async def test_reasoning_fields_counted(field):
     rec = await runner(model).run(sample())
     assert rec.reasoning.with_reasoning == 1
     assert rec.conversations[-1]["value"].startswith("<think>\nbecause\n</think>")
+
+
+async def test_environment_starts_at_the_first_tool_call_not_before(tmp_path):
+    """A session waiting for the model (e.g. on the rate governor) holds no sandbox."""
+    release = asyncio.Event()
+
+    class Waiting(ListModel):
+        async def complete(self, messages, tools):
+            if len(self.seen) == 0:
+                await release.wait()
+            return await super().complete(messages, tools)
+
+    model = Waiting(
+        [
+            {"role": "assistant", "tool_calls": [call("terminal", {"command": "pwd"})]},
+            {"role": "assistant", "content": "done"},
+        ]
+    )
+    task = asyncio.create_task(runner(model, env=LocalEnvConfig(root=tmp_path)).run(sample()))
+    await asyncio.sleep(0.2)
+    assert list(tmp_path.iterdir()) == []  # blocked in the first model call: no workdir yet
+    release.set()
+    rec = await task
+    assert rec.completed and rec.tool_stats["terminal"].success == 1
+    assert list(tmp_path.iterdir()) == []  # and it was removed at the end
+
+
+async def test_no_tool_calls_means_no_environment(tmp_path):
+    model = ListModel([{"role": "assistant", "content": "the answer is 4"}])
+    rec = await runner(model, env=LocalEnvConfig(root=tmp_path / "never")).run(sample())
+    assert rec.completed and rec.timing.env_setup_s == 0.0
+    assert not (tmp_path / "never").exists()
