@@ -76,10 +76,52 @@ def resume_check(manifest_path: Path, setup: GenerationSetup, *, force: bool) ->
     previous = json.loads(manifest_path.read_text(encoding="utf-8"))
     if previous.get("config_fingerprint") == setup.fingerprint or force:
         return
-    old = previous.get("generation") or {}
-    changed = sorted(k for k in set(old) | set(setup.generation) if old.get(k) != setup.generation.get(k))
+    changes = describe_changes(previous.get("generation") or {}, setup.generation)
     raise ConfigError(
-        "the generation config differs from the run being resumed (changed: "
-        + ", ".join(changed or ["unknown"])
+        "the generation config differs from the run being resumed ("
+        + "; ".join(changes or ["unknown change"])
         + "); records would mix two configurations. Use a new --run-name, or --force to continue anyway"
     )
+
+
+_SHOWN_VALUE_CHARS = 60
+
+
+def describe_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """What differs between two generation dicts, one entry per changed field, e.g.
+    ``max_turns: 10 -> 3``, ``sampling.temperature: None -> 0.7``, ``tool_schemas: added patch``."""
+    changes: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        before, after = old.get(key), new.get(key)
+        if before == after:
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(before, dict) and isinstance(after, dict):
+            changes += describe_changes(before, after, f"{name}.")
+        elif key == "tool_schemas" and isinstance(before, list) and isinstance(after, list):
+            changes.append(f"{name}: {_schema_changes(before, after)}")
+        else:
+            changes.append(f"{name}: {_short(before)} -> {_short(after)}")
+    return changes
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= _SHOWN_VALUE_CHARS else f"<{len(text)} chars, sha {fingerprint(value)[:8]}>"
+
+
+def _schema_changes(before: list[Any], after: list[Any]) -> str:
+    def by_name(schemas: list[Any]) -> dict[str, Any]:
+        return {str((s.get("function") or s).get("name")): s for s in schemas if isinstance(s, dict)}
+
+    old, new = by_name(before), by_name(after)
+    parts = [
+        f"{label} {', '.join(names)}"
+        for label, names in (
+            ("added", sorted(new.keys() - old.keys())),
+            ("removed", sorted(old.keys() - new.keys())),
+            ("changed", sorted(k for k in old.keys() & new.keys() if old[k] != new[k])),
+        )
+        if names
+    ]
+    return " / ".join(parts) or "reordered"

@@ -1,54 +1,68 @@
 """What a run folder already holds: the outcome of every attempt recorded in its shards.
 
-Shards are the ledger: a record is written (atomically) once per finished attempt, whatever its
-outcome. A sample is *done* when it has a non-failed record (kept or rejected at merge time, both final)
-or a failure that is not retryable, or when it has used up ``max_attempts``. Everything else is pending,
-and its next attempt number follows the highest one recorded.
+Shards are the ledger (docs/resume.md): a record is written (atomically) once per finished attempt,
+whatever its outcome. A sample is *done* when it has a non-failed record (kept or rejected at merge
+time, both final) or a failure that is not retryable, or when it has used up ``max_attempts``.
+Everything else is pending, and its next attempt number follows the highest one recorded.
+
+A record counts only if the merge would accept it (``summarize`` succeeds): the ledger and the merge
+must agree on what was recorded, or a sample could be skipped by a resume yet missing from ``data/``.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from raygen.errors import RETRYABLE, failure_kind, is_failure_status
+from raygen.input.rows import Sample
 from raygen.output.shards import iter_shard_records
+from raygen.output.summary import summarize
+from raygen.records import Trajectory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class KeyState:
+    """What the shards say about one sample key."""
+
     attempts: int = 0
     """Highest attempt number recorded."""
     succeeded: bool = False
+    """A non-failed attempt (kept or rejected) was recorded: the sample is final."""
     last_failure: str | None = None
     """Failure kind of the latest failed attempt."""
 
 
 @dataclass
 class Ledger:
+    """Per sample key, the attempts recorded so far; decides what runs next."""
+
     keys: dict[str, KeyState] = field(default_factory=dict)
     config_fingerprints: set[str] = field(default_factory=set)
+    """Generation fingerprints found in the records (several only after a ``--force`` resume)."""
     records: int = 0
+    """Valid records scanned."""
 
     @classmethod
     def scan(cls, run_dir: Path) -> Ledger:
+        """Read every shard of ``run_dir``; unreadable lines and invalid records are ignored, exactly
+        as the merge ignores them."""
         ledger = cls()
-        for record, _pos in iter_shard_records(run_dir):
-            key = record.get("sample_key")
-            if not isinstance(key, str):
+        for record, pos in iter_shard_records(run_dir):
+            try:
+                summary = summarize(record)
+            except (ValueError, TypeError, AttributeError) as exc:
+                log.warning("ledger: ignoring invalid record %s @%d: %s", pos.path, pos.offset, exc)
                 continue
             ledger.records += 1
-            state = ledger.keys.setdefault(key, KeyState())
-            attempt = int(record.get("attempt") or 1)
-            status = str(record.get("exit_status") or "")
             if record.get("config_fingerprint"):
-                ledger.config_fingerprints.add(record["config_fingerprint"])
-            if is_failure_status(status):
-                if attempt >= state.attempts:
-                    state.last_failure = failure_kind(status)
-            else:
-                state.succeeded = True
-            state.attempts = max(state.attempts, attempt)
+                ledger.config_fingerprints.add(str(record["config_fingerprint"]))
+            ledger.record(summary.sample_key, summary.attempt, summary.exit_status)
         return ledger
 
     def next_attempt(self, key: str, max_attempts: int) -> int | None:
@@ -61,7 +75,7 @@ class Ledger:
         return state.attempts + 1
 
     def record(self, key: str, attempt: int, exit_status: str) -> None:
-        """Update with an attempt finished in this process (same rules as ``scan``)."""
+        """Count one finished attempt (from a shard, or delivered to this process)."""
         state = self.keys.setdefault(key, KeyState())
         if is_failure_status(exit_status):
             if attempt >= state.attempts:
@@ -69,3 +83,45 @@ class Ledger:
         else:
             state.succeeded = True
         state.attempts = max(state.attempts, attempt)
+
+    def lost_worker_before(self, sample: Sample) -> bool:
+        """Whether the latest attempt of ``sample`` ended with its worker lost (``write_pending`` then
+        runs it in a Ray task of its own)."""
+        state = self.keys.get(sample.sample_key)
+        return state is not None and not state.succeeded and state.last_failure == "worker_lost"
+
+    def undelivered(self, pending_files: Iterable[Path]) -> Iterator[Sample]:
+        """The samples of a pass (its ``work/pending-*.jsonl`` files) for which no attempt at least as
+        high as the one the pass ran was recorded: their worker died and Ray gave up on them."""
+        for path in pending_files:
+            with open(path, encoding="utf-8") as fh:
+                for line in fh:
+                    if not line.strip():
+                        continue
+                    data = json.loads(line)  # validated only when lost: most samples came back
+                    state = self.keys.get(data["sample_key"])
+                    if state is None or state.attempts < int(data.get("attempt", 1)):
+                        yield Sample.model_validate(data)
+
+
+def worker_lost_record(sample: Sample, *, model: str, config_fingerprint: str, detail: str) -> Trajectory:
+    """The ledger entry of an attempt whose session never came back (``error:worker_lost``).
+
+    Written like any other failed attempt, so the attempt counts towards ``max_attempts`` across
+    resumes: a sample that kills every worker it runs on is not retried forever.
+    """
+    row = sample.row
+    return Trajectory(
+        id=sample.record_id,
+        sample_key=sample.sample_key,
+        prompt_index=sample.prompt_index,
+        attempt=sample.attempt,
+        category=row.category,
+        metadata=dict(row.metadata),
+        completed=False,
+        exit_status="error:worker_lost",
+        error=detail,
+        toolsets_used=list(sample.toolsets),
+        model=model,
+        config_fingerprint=config_fingerprint,
+    )

@@ -14,11 +14,14 @@ from typing import Any
 
 from raygen.config import FilterConfig, RunConfig
 from raygen.errors import RETRYABLE, ConfigError
-from raygen.output.merge import MergeResult, choose_finals, merge_run
+from raygen.output.manifest import write_json_atomic
+from raygen.output.merge import STATISTICS_FILE, MergeResult, choose_finals, merge_run
 from raygen.output.shards import ShardScanStats
 
 KEYS_FILE = "keys.txt"
 MANIFEST_FILE = "manifest.json"
+STATS_FILTERS = "filters"
+"""Key of ``statistics.json`` holding the filters of a ``raygen merge`` run with overrides."""
 
 
 def write_keys(run_dir: Path, keys: set[str]) -> None:
@@ -46,10 +49,26 @@ def read_run_config(run_dir: Path) -> RunConfig:
 
 
 def remerge(run_dir: Path, filter_overrides: dict[str, Any] | None = None) -> MergeResult:
-    """The filtered merge again, from the shards, with the run's filters (or overrides)."""
+    """The filtered merge again, from the shards, with the run's filters (or overrides).
+
+    The filters used are recorded in ``statistics.json`` so ``run_status`` classifies like this merge.
+    """
     config = read_run_config(run_dir)
     filters = FilterConfig.model_validate({**config.filters.model_dump(), **(filter_overrides or {})})
-    return merge_run(run_dir, filters, config.output.data_shard_records, expected_keys=read_keys(run_dir))
+    result = merge_run(run_dir, filters, config.output.data_shard_records, expected_keys=read_keys(run_dir))
+    if filter_overrides:
+        result.stats[STATS_FILTERS] = filters.model_dump()
+        write_json_atomic(run_dir / STATISTICS_FILE, result.stats)
+    return result
+
+
+def merged_filters(run_dir: Path, config: RunConfig) -> FilterConfig:
+    """The filters of the latest merge: those ``raygen merge`` recorded, else the run's own."""
+    try:
+        recorded = json.loads((run_dir / STATISTICS_FILE).read_text(encoding="utf-8")).get(STATS_FILTERS)
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    return FilterConfig.model_validate(recorded) if isinstance(recorded, dict) else config.filters
 
 
 @dataclass
@@ -74,9 +93,11 @@ class RunStatus:
 
 
 def run_status(run_dir: Path) -> RunStatus:
+    """Count every sample key of ``keys.txt`` once: by the final record the merge would choose (with the
+    latest merge's filters), or as pending when it has none or may still be retried."""
     config = read_run_config(run_dir)
     keys = read_keys(run_dir)
-    finals, _ = choose_finals(run_dir, config.filters, keys, ShardScanStats())
+    finals, _ = choose_finals(run_dir, merged_filters(run_dir, config), keys, ShardScanStats())
     st = RunStatus(total=len(keys))
     for final in finals.values():
         if final.outcome == "kept":
