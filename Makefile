@@ -24,14 +24,17 @@ demo: setup
 # Debian packages the tests use: bubblewrap (local sandbox), Docker engine and image tools.
 system-deps:
 	@command -v bwrap >/dev/null && command -v dockerd >/dev/null && command -v debootstrap >/dev/null && \
-	  command -v chromium >/dev/null || \
+	  command -v chromium >/dev/null && command -v slurmctld >/dev/null && command -v munged >/dev/null || \
 	  (apt-get update -q && apt-get install -y -q --no-install-recommends bubblewrap docker.io containerd runc \
-	     busybox-static debootstrap iproute2 util-linux chromium >/dev/null)
+	     busybox-static debootstrap iproute2 util-linux chromium slurm-wlm munge >/dev/null)
 
 # A private Docker engine, the locally built test images (no registry is reachable here) and the
-# apptainer "HPC node" fixture (.ci/apptainer-setup.sh).
+# apptainer "HPC node" fixture (.ci/apptainer-setup.sh). Slurm: packages only; tests/cluster/test_slurm.py
+# starts its daemons inside the tests' loopback-only network namespace with .ci/slurm-setup.sh (Slurm
+# talks TCP, which does not cross network namespaces).
 engines: system-deps
 	eval "$$(.ci/docker-setup.sh $(WORK)/docker)" && .ci/build-test-images.sh && .ci/apptainer-setup.sh >/dev/null
+	.ci/slurm-setup.sh --install-only
 
 lint: setup
 	$(BIN)/ruff check raygen tests bench

@@ -3,15 +3,24 @@
 A local Ray binds loopback only: on machines with a public interface Ray otherwise advertises it (and
 ``ray.init("127.0.0.1:...")`` rewrites loopback to it). Token auth is explicit so every process that
 joins agrees on it.
+
+Placement: a node that can host sandboxes of a backend advertises the custom resource
+``raygen_sandbox_<backend>`` (``ray start --resources='{"raygen_sandbox_docker": 64}'``) with its capacity
+in concurrent sandboxes; ``session_actor_resources`` turns that into what each session actor reserves.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
+from typing import Any
 
 import ray
+
+from raygen.config import RayConfig
+from raygen.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +35,18 @@ def ensure_ray(address: str | None, *, num_cpus: int | None = None) -> bool:
     (the caller then shuts it down)."""
     if ray.is_initialized():
         return False
+    if address:
+        # The loopback switch stays out of a real cluster's workers. A driver joining a head on loopback
+        # (one machine) must itself be on loopback, else Ray may take the hostname's address (127.0.1.1 on
+        # Debian) and find no raylet there.
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        on_loopback = {"_node_ip_address": "127.0.0.1"} if _is_loopback(address) else {}
+        runtime_env = {"env_vars": {"RAY_USAGE_STATS_ENABLED": os.environ["RAY_USAGE_STATS_ENABLED"]}}
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, **on_loopback)
+        return True
     for key, value in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
     runtime_env = {"env_vars": {k: os.environ[k] for k in RAY_ENV_DEFAULTS}}
-    if address:
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
-        return True
     # A short private temp dir: Ray's unix socket paths must stay under 107 bytes, and a stale
     # /tmp/ray/ray_current_cluster from a killed run must not be joined by accident.
     temp_dir = tempfile.mkdtemp(prefix="rg-ray-", dir="/tmp")
@@ -50,3 +65,86 @@ def ensure_ray(address: str | None, *, num_cpus: int | None = None) -> bool:
 
 def shutdown_ray() -> None:
     ray.shutdown()
+
+
+def _is_loopback(address: str) -> bool:
+    """Whether a ``host:port`` address names this machine's loopback (``ray://`` addresses never do here:
+    a Ray Client driver has no local raylet)."""
+    if "://" in address:
+        return False
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+SANDBOX_RESOURCE_PREFIX = "raygen_sandbox_"
+# Backends whose sandboxes live off the node (a cloud service): any node can drive them.
+_OFF_NODE_BACKENDS = frozenset({"modal"})
+
+
+def sandbox_resource(env_type: str) -> str:
+    """The custom resource a node advertises for its capacity in sandboxes of ``env_type``."""
+    return f"{SANDBOX_RESOURCE_PREFIX}{env_type}"
+
+
+def session_actor_resources(config: RayConfig, env_type: str) -> dict[str, float]:
+    """The custom Ray resources each session actor reserves (see ``RayConfig.resources``).
+
+    Raises ConfigError when the derived default cannot place a single actor (no node offers the backend,
+    or none has room for ``sessions_per_worker`` sandboxes): the run would otherwise wait forever. With
+    explicit resources, or when only some actors fit, it warns instead: an autoscaler may add nodes.
+    """
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if config.resources is not None:
+        wanted = dict(config.resources)
+        explicit = True
+    else:
+        uses_convention = any(key.startswith(SANDBOX_RESOURCE_PREFIX) for res in nodes for key in res)
+        if not uses_convention or env_type in _OFF_NODE_BACKENDS:
+            return {}
+        wanted = {sandbox_resource(env_type): float(config.sessions_per_worker)}
+        explicit = False
+    if not wanted:
+        return {}
+    fits = sum(_actors_fitting(res, wanted) for res in nodes)
+    if fits == 0 and not explicit:
+        raise ConfigError(_no_room_message(wanted, nodes, config.sessions_per_worker))
+    if fits < config.workers:
+        log.warning(
+            "the cluster has room for %d of %d session actors reserving %s now; the others start when "
+            "nodes with capacity join",
+            fits,
+            config.workers,
+            wanted,
+        )
+    return wanted
+
+
+def _actors_fitting(node_resources: dict[str, Any], wanted: dict[str, float]) -> int:
+    counts = [
+        math.floor(node_resources.get(name, 0.0) / amount + 1e-9)
+        for name, amount in wanted.items()
+        if amount > 0
+    ]
+    return min(counts) if counts else 1 << 30  # reserving nothing: any node fits
+
+
+def _no_room_message(wanted: dict[str, float], nodes: list[dict[str, Any]], per_worker: int) -> str:
+    ((name, amount),) = wanted.items()
+    offered = sorted(
+        {
+            f"{key}={value:g}"
+            for res in nodes
+            for key, value in res.items()
+            if key.startswith(SANDBOX_RESOURCE_PREFIX)
+        }
+    )
+    if any(name in res for res in nodes):
+        return (
+            f"each session actor needs {amount:g} of {name} (one per concurrent session, "
+            f"sessions_per_worker={per_worker}) but no node has that much (nodes offer: "
+            f"{', '.join(offered)}); lower --sessions-per-worker or advertise more capacity"
+        )
+    return (
+        f"no node of this Ray cluster offers {name} (nodes offer: {', '.join(offered)}): start nodes "
+        f"that can run this backend with ray start --resources='{{\"{name}\": N}}', or set ray.resources"
+    )

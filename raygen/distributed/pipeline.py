@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import ray
 import ray.data
 
+from raygen.distributed.cluster import session_actor_resources
 from raygen.distributed.plan import WorkerPlan
 from raygen.distributed.worker import SessionWorker
 from raygen.input.rows import Sample
@@ -27,25 +29,47 @@ log = logging.getLogger(__name__)
 # rows run concurrently, so an actor with two tasks in flight can fill all its session slots.
 _ASYNC_BATCHES_PER_TASK = 4
 _TASKS_PER_ACTOR = 2
+# A task whose actor dies is re-run on the restarted actor this many times; then Ray Data gives up on
+# the block, the run goes on, and the driver records its samples as ``error:worker_lost`` (retryable up
+# to retry.max_attempts). Ray Data's default (retry forever) would loop on a sample that kills its actor.
+_TASK_RETRIES = 2
+# max_task_retries has no named map_batches parameter yet (Ray 2.60), only the deprecated **ray_remote_args.
+warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated", module=__name__)
 
 
-def write_pending(samples: Iterable[Sample], work_dir: Path, chunk_rows: int) -> tuple[list[Path], int]:
-    """Write samples as JSONL chunk files; returns the files and the number of samples."""
+def write_pending(
+    samples: Iterable[Sample],
+    work_dir: Path,
+    chunk_rows: int,
+    alone: Callable[[Sample], bool] | None = None,
+) -> tuple[list[Path], int]:
+    """Write samples as JSONL chunk files; returns the files and the number of samples.
+
+    A chunk is one Ray task, and a task whose worker keeps dying is given up as a whole, so samples for
+    which ``alone(sample)`` is true (their worker was lost before) get a chunk of their own.
+    """
     work_dir.mkdir(parents=True, exist_ok=True)
     for old in work_dir.glob("pending-*.jsonl"):
         old.unlink()
     files: list[Path] = []
-    count = 0
+    count = in_chunk = 0
     fh = None
     for sample in samples:
-        if count % chunk_rows == 0:
+        line = sample.model_dump_json() + "\n"
+        count += 1
+        if alone is not None and alone(sample):
+            path = work_dir / f"pending-{len(files):05d}.jsonl"
+            files.append(path)
+            path.write_text(line, encoding="utf-8")
+            continue
+        if in_chunk % chunk_rows == 0:
             if fh:
                 fh.close()
             path = work_dir / f"pending-{len(files):05d}.jsonl"
             files.append(path)
             fh = path.open("w", encoding="utf-8")
-        fh.write(sample.model_dump_json() + "\n")
-        count += 1
+        fh.write(line)
+        in_chunk += 1
     if fh:
         fh.close()
     return files, count
@@ -66,20 +90,37 @@ def run_pipeline(
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # raygen prints its own progress
     ctx.print_on_execution_start = False
+    ctx.max_errored_blocks = -1  # a block lost past _TASK_RETRIES costs its samples, not the run
     logging.getLogger("ray.data").setLevel(logging.WARNING)
-    # Reading prompt chunks is trivial work; a whole CPU per read task would starve on small nodes
-    # (Ray Data's budget splits the CPUs between operators, and the actors hold some).
-    ds = ray.data.read_text([str(f) for f in files], num_cpus=0.05)
+    # Reading prompt chunks is trivial work and reserves no CPU: any reservation starves forever once the
+    # actors hold the node's CPUs (8 workers x 0.25 on a 2-CPU node: no session ever started).
+    # The chunk files exist only on the driver's node, so the reads run there: nodes need not share a
+    # filesystem (what Ray Data's deprecated local:// scheme did).
+    # At least two blocks per actor: a task is one block, so with fewer blocks than actors some actors
+    # sit idle (2,000 samples in 2 chunk files reached 4 of 8 actors: 29% of the ideal rate).
+    ds = ray.data.read_text(
+        [str(f) for f in files],
+        num_cpus=0,
+        override_num_blocks=max(len(files), 2 * rc.workers),
+        label_selector={"ray.io/node-id": ray.get_runtime_context().get_node_id()},
+    )
+    # Placement: the sandbox capacity each actor reserves (nodes without the backend get none).
+    resources = session_actor_resources(rc, plan.config.env.type)
     ds = ds.map_batches(
         SessionWorker,
         fn_constructor_kwargs={"plan": plan},
         batch_size=batch_size_for(rc.sessions_per_worker),
         compute=ray.data.ActorPoolStrategy(
             size=rc.workers,
-            max_tasks_in_flight_per_actor=2 * _TASKS_PER_ACTOR,
+            # No tasks queued behind the running ones: Ray Data hands tasks to actors as they become ready,
+            # so the first actors up would otherwise take 4 tasks each and the late ones none (2,000
+            # sessions on 8 actors ran as two waves of 1,000).
+            max_tasks_in_flight_per_actor=_TASKS_PER_ACTOR,
             max_concurrent_calls_per_actor=_TASKS_PER_ACTOR,
         ),
         num_cpus=rc.num_cpus_per_worker,
+        max_task_retries=_TASK_RETRIES,
+        **({"resources": resources} if resources else {}),
     )
     for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
         records = batch.column("record").to_pylist()
