@@ -79,6 +79,7 @@ def run(
     filter_reasoning: Annotated[bool | None, Opt("--filter-reasoning/--no-filter-reasoning")] = None,
     filter_hallucinated: Annotated[bool | None, Opt("--filter-hallucinated/--no-filter-hallucinated")] = None,
     filter_incomplete: Annotated[bool | None, Opt("--filter-incomplete/--no-filter-incomplete")] = None,
+    filter_unsafe: Annotated[bool | None, Opt("--filter-unsafe/--no-filter-unsafe")] = None,
     resume: Annotated[bool, Opt(help="Continue the run folder: only pending samples run.")] = False,
     force: Annotated[bool, Opt(help="Resume even if the generation config changed.")] = False,
     dry_run: Annotated[bool, Opt(help="Validate and plan; run nothing.")] = False,
@@ -130,6 +131,7 @@ def run(
             "filters.no_reasoning": filter_reasoning,
             "filters.hallucinated_tools": filter_hallucinated,
             "filters.incomplete": filter_incomplete,
+            "filters.unsafe_actions": filter_unsafe,
         }
     )
     try:
@@ -201,18 +203,27 @@ def validate(
     plugins: Annotated[
         list[str] | None, Opt("--toolset-plugin", help="Extra toolsets (module:attr).")
     ] = None,
+    eval_set: Annotated[
+        Path | None, Opt("--eval-set", help="Also report prompts that occur in this evaluation set.")
+    ] = None,
 ) -> None:
-    """Check every line of DATASET; exit 1 with file:line: field: message for each problem."""
+    """Check every line of DATASET (exit 1 with file:line: field: message for each problem), and report
+    secrets, personal data and eval-set overlap found in the prompts (warnings, values masked)."""
+    from raygen.hygiene.commands import print_hygiene, validate_hygiene
     from raygen.input.validate import scan_dataset
     from raygen.tools.registry import load_registry
 
     try:
         registry = load_registry(plugins or [])
         report = scan_dataset(dataset, known_toolsets=set(registry.toolset_names()))
+        hygiene = validate_hygiene(dataset, eval_set, as_json=True, console=err) if report.ok else None
     except (ConfigError, InputError, OSError) as exc:
         _fail(exc)
     if as_json:
-        out.print_json(json.dumps(report.to_dict()))
+        body = report.to_dict()
+        if hygiene is not None:
+            body["hygiene"] = hygiene.to_dict()
+        out.print_json(json.dumps(body))
     else:
         for line in report.summary_lines():
             out.print(line, highlight=False)
@@ -220,6 +231,8 @@ def validate(
             err.print(f"[yellow]warning[/]: {notice}", highlight=False)
         for problem in report.problems:
             err.print(f"[red]error[/]: {problem}", highlight=False)
+        if hygiene is not None:
+            print_hygiene(hygiene, err)
     raise typer.Exit(0 if report.ok else 1)
 
 
@@ -247,6 +260,7 @@ def merge(
     filter_reasoning: Annotated[bool | None, Opt("--filter-reasoning/--no-filter-reasoning")] = None,
     filter_hallucinated: Annotated[bool | None, Opt("--filter-hallucinated/--no-filter-hallucinated")] = None,
     filter_incomplete: Annotated[bool | None, Opt("--filter-incomplete/--no-filter-incomplete")] = None,
+    filter_unsafe: Annotated[bool | None, Opt("--filter-unsafe/--no-filter-unsafe")] = None,
 ) -> None:
     """Re-run the filtered merge from the shards (no model calls), e.g. with other filters."""
     from raygen.run_dir import remerge
@@ -256,6 +270,7 @@ def merge(
             "no_reasoning": filter_reasoning,
             "hallucinated_tools": filter_hallucinated,
             "incomplete": filter_incomplete,
+            "unsafe_actions": filter_unsafe,
         }
     )
     try:

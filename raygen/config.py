@@ -118,6 +118,10 @@ class SessionConfig(_Section):
     """Upper bound on the timeout a model may ask for in a terminal call."""
     session_timeout_s: float = Field(3600.0, gt=0)
     """Hard wall-clock limit of one session; past it the session fails with ``session_timeout``."""
+    secret_env: list[str] = Field(default_factory=list)
+    """Names of environment variables whose values are secret (a row's ``env`` or the driver's host
+    environment): the values are replaced by ``[REDACTED]`` in trajectories, even when a tool prints them,
+    and a run-level check counts any that slipped into the output. The API key always is."""
 
     @model_validator(mode="after")
     def _one_system_prompt(self) -> SessionConfig:
@@ -234,9 +238,53 @@ class ModalEnvConfig(_Section):
     tags: dict[str, str] = Field(default_factory=dict)
     """Extra tags on every sandbox (raygen always adds ``raygen.run`` and ``raygen.sample``)."""
 
+    @model_validator(mode="after")
+    def _workdir_absolute(self) -> ModalEnvConfig:
+        if not self.workdir.startswith("/"):
+            raise ValueError(f"workdir {self.workdir!r} must be an absolute path")
+        return self
+
+
+class SingularityEnvConfig(_Section):
+    """One Apptainer/Singularity instance per session (HPC nodes without Docker), from the row's ``image``.
+
+    Only the session's workdir is bound into the container; ``docker://`` images are converted to SIF
+    files once per node. See docs/backends.md."""
+
+    type: Literal["singularity"] = "singularity"
+    """Backend selector."""
+    executable: str | None = None
+    """``apptainer`` or ``singularity`` (a name on PATH or a path); unset: the first of the two on PATH."""
+    default_image: str | None = None
+    """Image for rows that name none (a ``.sif`` file, a sandbox directory or a ``docker://`` reference);
+    a row without an image fails with ``image_unavailable`` if unset."""
+    image_dir: Path | None = None
+    """Relative image paths are taken in this folder; unset: the worker's current directory."""
+    bare_names_are_docker: bool = True
+    """Read an image with no scheme that is no existing file or directory (``python:3.11``) as
+    ``docker://<name>``, so datasets written for the Docker backend work unchanged."""
+    cache_dir: Path | None = None
+    """Where ``docker://`` (and other remote) images are converted to SIF files, once per node. Keep it on a
+    node-local disk (it is locked with ``flock``); unset: ``<system temp dir>/raygen-sif-cache-<uid>``."""
+    pull: Literal["missing", "never"] = "missing"
+    """Convert remote images not yet in ``cache_dir`` (``missing``), or use only cached ones (``never``)."""
+    root: Path | None = None
+    """Parent folder of the per-session workdirs (bound into the container at the same path); unset: the
+    system temp dir."""
+    network: bool = False
+    """Share the host's network; off: ``--net --network none`` (loopback only)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Extra flags for ``instance start``, e.g. ``["--nv"]`` for NVIDIA GPUs. Flags that bind host folders
+    weaken the isolation."""
+    start_timeout_s: float = Field(120.0, gt=0)
+    """Timeout of starting or stopping one instance."""
+    build_timeout_s: float = Field(1800.0, gt=0)
+    """Timeout of converting one remote image to SIF."""
+
 
 EnvConfig = Annotated[
-    LocalEnvConfig | FakeEnvConfig | DockerEnvConfig | ModalEnvConfig, Field(discriminator="type")
+    LocalEnvConfig | FakeEnvConfig | DockerEnvConfig | ModalEnvConfig | SingularityEnvConfig,
+    Field(discriminator="type"),
 ]
 
 
@@ -249,6 +297,8 @@ class FilterConfig(_Section):
     """Reject sessions that called a tool that was not offered."""
     incomplete: bool = False
     """Reject sessions that did not complete (e.g. hit ``max_turns``)."""
+    unsafe_actions: bool = False
+    """Reject sessions with a tool call labelled by the unsafe-action rule set (``raygen/safety``)."""
 
 
 class OutputConfig(_Section):
@@ -279,6 +329,12 @@ class RayConfig(_Section):
     num_cpus_per_worker: float = Field(0.25, gt=0)
     """Logical CPUs reserved per actor; fractional because sessions wait on I/O, and whole CPUs
     deadlock Ray Data's read stage on small nodes."""
+    resources: dict[str, float] | None = None
+    """Custom Ray resources each session actor reserves, e.g. ``{raygen_sandbox_docker: 16}``; ``{}``:
+    none. Unset: if any node advertises a ``raygen_sandbox_<backend>`` resource (``ray start --resources``,
+    see docs/cluster.md), each actor reserves ``sessions_per_worker`` units of the one for ``env.type``
+    (one per sandbox it may hold), so sessions run only on nodes offering that backend and within their
+    capacity; if no node does (a plain local run), nothing."""
 
 
 class GovernorConfig(_Section):
@@ -344,7 +400,32 @@ class RetryConfig(_Section):
     """Attempts per sample, across the passes of one run and across resumes; model/task outcomes
     (max turns, hallucinated tools, no reasoning) are never retried."""
     pass_delay_s: float = Field(5.0, ge=0)
-    """Pause before re-running the failed samples of a pass, so a provider or node can recover."""
+    """Pause before re-running the failed samples of a pass, so a provider or node can recover; doubles
+    with each further pass (backoff)."""
+
+
+class HygieneConfig(_Section):
+    """Secrets, personal data and evaluation-set overlap in the prompts, checked before any model call by
+    ``raygen run`` (and by ``raygen hygiene``); see docs/hygiene.md."""
+
+    on_findings: Literal["warn", "refuse"] = "warn"
+    """What ``raygen run`` does when the prompts hold a secret, personal data or an eval-set row: print the
+    findings (values masked) and go on, or stop before the first model call."""
+    secrets: bool = True
+    """Look for secrets: API keys, tokens, private keys, credentials in URLs and ``KEY=value`` lines."""
+    pii: bool = True
+    """Look for personal data: email addresses, phone numbers, payment card numbers (Luhn-checked)."""
+    phone_region: str | None = "US"
+    """Region for phone numbers written without a country code (ISO 3166 code); unset: only numbers
+    written with ``+<country code>`` are found."""
+    eval_set: Path | None = None
+    """An independent evaluation set (JSONL): prompts that also occur in it (exactly or nearly) are
+    findings."""
+    eval_field: str = "prompt"
+    """Field of the eval-set rows holding the text compared with the prompts."""
+    near_duplicate_threshold: float = Field(0.6, gt=0, le=1)
+    """Estimated Jaccard similarity of word-bigram sets at or above which a prompt counts as a near
+    duplicate of an eval-set row."""
 
 
 class RunConfig(_Section):
@@ -378,6 +459,8 @@ class RunConfig(_Section):
     """Retry policy for infrastructure failures."""
     governor: GovernorConfig = Field(default_factory=GovernorConfig)
     """Cluster-wide request pacing (rpm, tpm, in-flight cap, adaptive back-off on 429)."""
+    hygiene: HygieneConfig = Field(default_factory=HygieneConfig)
+    """Data hygiene checks of the prompts before any model call."""
 
 
 def fingerprint(obj: Any) -> str:

@@ -56,7 +56,9 @@ def _section(model: type[BaseModel], path: str, out: list[str]) -> None:
             nested.append((f"{path}.{name}" if path else name, subs))
             default = "see below"
         else:
-            default = "required" if field.is_required() else f"`{field.get_default(call_default_factory=True)!r}`"
+            default = (
+                "required" if field.is_required() else f"`{field.get_default(call_default_factory=True)!r}`"
+            )
         doc = " ".join((field.description or "").split()).replace("|", "\\|")
         type_name = _type_name(field.annotation).replace("|", "\\|")
         out.append(f"| `{name}` | `{type_name}` | {default} | {doc} |")

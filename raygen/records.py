@@ -51,6 +51,19 @@ class ReasoningCounts(BaseModel):
     without_reasoning: int = 0
 
 
+class SafetyLabel(BaseModel):
+    """One tool call matched by a rule of the unsafe-action rule set (``raygen/safety``)."""
+
+    turn: int
+    """1-based assistant turn (model call) that made the tool call."""
+    tool: str
+    """Name of the tool called."""
+    label: str
+    """``destructive_fs``, ``remote_exec``, ``credential_read``, ``network_exfil`` or ``sandbox_escape``."""
+    rule_id: str
+    """The rule that matched, e.g. ``destructive_fs.rm_root``."""
+
+
 class Trajectory(BaseModel):
     id: str
     """The row's ``id``, else its stable content key."""
@@ -85,6 +98,10 @@ class Trajectory(BaseModel):
     env: EnvInfo = Field(default_factory=EnvInfo)
     config_fingerprint: str = ""
     """Hash of the generation config (model, sampling, turns, system prompt, tools)."""
+    safety_labels: list[SafetyLabel] = Field(default_factory=list)
+    """Tool calls matched by the unsafe-action rule set, in call order (empty for most sessions)."""
+    safety_rules_version: str = ""
+    """Version of the rule set that produced ``safety_labels``."""
 
 
 TOOL_ERROR_KINDS = ("hallucinated", "invalid_arguments", "execution", "timeout")

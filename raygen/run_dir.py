@@ -55,11 +55,20 @@ def remerge(run_dir: Path, filter_overrides: dict[str, Any] | None = None) -> Me
     """
     config = read_run_config(run_dir)
     filters = FilterConfig.model_validate({**config.filters.model_dump(), **(filter_overrides or {})})
+    stats_path = run_dir / STATISTICS_FILE
+    # What only the run itself knew (its work, the governor, the hygiene checks) survives a re-merge.
+    previous = json.loads(stats_path.read_text(encoding="utf-8")) if stats_path.exists() else {}
     result = merge_run(run_dir, filters, config.output.data_shard_records, expected_keys=read_keys(run_dir))
-    if filter_overrides:
-        result.stats[STATS_FILTERS] = filters.model_dump()
-        write_json_atomic(run_dir / STATISTICS_FILE, result.stats)
+    kept = {key: previous[key] for key in _RUN_ONLY_STATS if key in previous}
+    if filter_overrides or kept:
+        if filter_overrides:
+            result.stats[STATS_FILTERS] = filters.model_dump()
+        result.stats.update(kept)
+        write_json_atomic(stats_path, result.stats)
     return result
+
+
+_RUN_ONLY_STATS = ("this_invocation", "hygiene")
 
 
 def merged_filters(run_dir: Path, config: RunConfig) -> FilterConfig:

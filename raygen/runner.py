@@ -20,21 +20,30 @@ from pydantic import SecretStr
 from rich.console import Console
 
 from raygen.config import RunConfig
-from raygen.errors import ConfigError
+from raygen.errors import ConfigError, InputError
 from raygen.generation import GenerationSetup, resume_check
+from raygen.hygiene import (
+    HygieneReport,
+    count_secret_leaks,
+    host_secret_values,
+    row_secret_values,
+    scan_hygiene,
+)
 from raygen.input.rows import Sample
 from raygen.input.validate import DatasetReport, iter_samples, scan_dataset
-from raygen.ledger import Ledger
+from raygen.ledger import Ledger, worker_lost_record
 from raygen.output.filters import classify
 from raygen.output.manifest import build_manifest, utc_now, write_json_atomic
 from raygen.output.merge import MergeResult, merge_run
 from raygen.output.shards import ShardWriter
 from raygen.output.stats import StatsAccumulator
-from raygen.output.summary import SessionSummary
+from raygen.output.summary import SessionSummary, summarize
 from raygen.progress import RunProgress
 from raygen.run_dir import write_keys
 
 log = logging.getLogger(__name__)
+
+_LOST = "no result came back: the worker running it died and Ray's task retries were exhausted"
 
 
 @dataclass
@@ -46,6 +55,7 @@ class RunResult:
     dry_run: bool = False
     pending: int = 0
     notes: list[str] = field(default_factory=list)
+    hygiene: HygieneReport | None = None
 
 
 def default_run_name(dataset: Path) -> str:
@@ -73,12 +83,19 @@ def run(
     for notice in report.notices:
         console.print(f"[yellow]warning[/]: {notice}")
     report.raise_if_invalid()
+    hygiene = _check_hygiene(config, dataset, console)
+    setup.secret_values.extend(host_secret_values(config.session.secret_env))
 
+    if resume and not config.output.run_name:
+        raise ConfigError("--resume needs --run-name (or output.run_name): the run folder to continue")
     run_name = config.output.run_name or default_run_name(dataset)
     config = config.model_copy(update={"output": config.output.model_copy(update={"run_name": run_name})})
     run_dir = Path(config.output.output_dir) / run_name
     manifest_path = run_dir / "manifest.json"
-    if resume:
+    if resume and not manifest_path.exists() and not (run_dir / "shards").exists():
+        # Killed before its manifest was written: nothing was recorded, so resuming is starting.
+        console.print(f"--resume: {run_dir} holds no run yet; starting it", highlight=False)
+    elif resume:
         if not manifest_path.exists():
             raise ConfigError(f"--resume: {run_dir} has no manifest.json; nothing to resume")
         resume_check(manifest_path, setup, force=force)
@@ -90,7 +107,7 @@ def run(
     ledger = Ledger.scan(run_dir) if resume else Ledger()
     max_attempts = config.retry.max_attempts
     expected, pending, isolation_rows = _plan_samples(config, dataset, setup, ledger, max_attempts)
-    result = RunResult(run_dir=run_dir, report=report, pending=pending, dry_run=dry_run)
+    result = RunResult(run_dir=run_dir, report=report, pending=pending, dry_run=dry_run, hygiene=hygiene)
     _check_isolation(config, isolation_rows, allow_unsafe_local)
     console.print(
         f"run {run_name}: {len(expected)} samples, {len(expected) - pending} already done, {pending} to run",
@@ -126,10 +143,11 @@ def run(
         result.sessions_run = _execute(config, setup, dataset, run_dir, ledger, pending, console, live)
 
     merge = merge_run(run_dir, config.filters, config.output.data_shard_records, expected_keys=expected)
+    merge.stats["hygiene"] = {**hygiene.statistics(), **_leak_check(config, dataset, setup, run_dir, console)}
     if live:
         # statistics.json describes the dataset (final records); these describe this invocation's work.
         merge.stats["this_invocation"] = live
-        write_json_atomic(run_dir / "statistics.json", merge.stats)
+    write_json_atomic(run_dir / "statistics.json", merge.stats)
     result.merge = merge
     manifest["ended_at"] = utc_now()
     write_json_atomic(manifest_path, manifest)
@@ -154,6 +172,42 @@ def _plan_samples(
 
 def _samples(config: RunConfig, dataset: Path, setup: GenerationSetup) -> Iterator[Sample]:
     return iter_samples(dataset, run_seed=config.seed, distribution=setup.distribution, limit=config.limit)
+
+
+def _check_hygiene(config: RunConfig, dataset: Path, console: Console) -> HygieneReport:
+    """Secrets, personal data and eval-set rows in the prompts that will run, before any model call:
+    printed (values masked) as warnings, or refused with ``hygiene.on_findings: refuse``."""
+    from raygen.hygiene.commands import print_hygiene
+
+    report = scan_hygiene(dataset, config.hygiene, limit=config.limit, secret_env=config.session.secret_env)
+    refuse = report.has_findings and config.hygiene.on_findings == "refuse"
+    if report.has_findings and not refuse:
+        print_hygiene(report, console)
+    else:
+        for line in report.summary_lines():
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+    if refuse:
+        raise InputError(
+            f"{dataset}: the prompts hold secrets, personal data or eval-set rows and hygiene.on_findings "
+            "is refuse; nothing was run (values are masked below)",
+            [*report.findings, *report.overlaps],
+        )
+    return report
+
+
+def _leak_check(
+    config: RunConfig, dataset: Path, setup: GenerationSetup, run_dir: Path, console: Console
+) -> dict[str, Any]:
+    """Count secret values (API key, values of ``session.secret_env`` variables) in the run's output."""
+    values = set(setup.secret_values) | row_secret_values(dataset, config.session.secret_env, config.limit)
+    leaks = count_secret_leaks(run_dir, values)
+    if leaks["secret_leaks"]:
+        console.print(
+            f"[bold red]warning[/]: {leaks['secret_leaks']} occurrence(s) of secret values in the output "
+            f"({leaks['secret_leaks_by_folder']}); see statistics.json hygiene",
+            highlight=False,
+        )
+    return leaks
 
 
 def _check_isolation(config: RunConfig, rows: int, allowed: bool) -> None:
@@ -225,13 +279,15 @@ def _execute(
                 for s in _samples(config, dataset, setup)
                 if (attempt := ledger.next_attempt(s.sample_key, config.retry.max_attempts)) is not None
             )
-            chunk = max(64, config.ray.sessions_per_worker * 4)
-            files, count = write_pending(samples, run_dir / "work", chunk)
+            # One chunk is one Ray task, whose results reach the driver only when it ends: a chunk of one
+            # actor's worth of sessions keeps actors full yet bounds what a crash loses (docs/resume.md).
+            chunk = config.ray.sessions_per_worker
+            files, count = write_pending(samples, run_dir / "work", chunk, alone=ledger.lost_worker_before)
             if not count:
                 break
             if pass_no > 1:
                 console.print(f"pass {pass_no}: retrying {count} samples after infrastructure failures")
-                time.sleep(config.retry.pass_delay_s)
+                time.sleep(config.retry.pass_delay_s * 2 ** (pass_no - 2))  # backoff: 1x, 2x, 4x ...
             with RunProgress(count, console) as progress:
                 kept = rejected = 0
 
@@ -249,6 +305,11 @@ def _execute(
                     progress.update(summary.exit_status)
 
                 run_pipeline(plan, files, on_result)
+                for lost in ledger.undelivered(files):  # Ray gave up on their worker: a retryable failure
+                    record = worker_lost_record(
+                        lost, model=setup.model_name, config_fingerprint=setup.fingerprint, detail=_LOST
+                    )
+                    on_result(record.model_dump_json(), summarize(record))
                 ran += progress.done
             writer.flush()
         live["attempts"] = attempts.to_dict()
@@ -268,7 +329,7 @@ def _execute(
 
 def _reap(config: RunConfig, console: Console) -> None:
     """Remove this run's leftover containers on this node (no-op for backends without containers)."""
-    if config.env.type != "docker":
+    if config.env.type not in ("docker", "singularity"):
         return
     from raygen.envs.images import reap
 

@@ -10,7 +10,9 @@ free-form values whose keys vary from record to record are stored as JSON string
 - ``tool_stats``: keyed by tool name, and the known tools vary with the run's toolsets;
 - ``tool_error_counts``: keyed by error kind.
 
-Decode them with ``json.loads``. The JSONL output keeps the natural JSON (the Trajectory dump).
+Decode them with ``json.loads``. ``safety_labels`` has a fixed shape, so it is typed:
+``list<struct<turn: int64, tool: string, label: string, rule_id: string>>`` (empty list for most rows).
+The JSONL output keeps the natural JSON (the Trajectory dump).
 A test checks that the structs below match the pydantic models in ``raygen.records``.
 """
 
@@ -21,12 +23,21 @@ from typing import Any
 
 import pyarrow as pa
 
-from raygen.records import EnvInfo, ReasoningCounts, Timing, Usage
+from raygen.records import EnvInfo, ReasoningCounts, SafetyLabel, Timing, Usage
 
 JSON_COLUMNS = ("messages", "metadata", "tool_stats", "tool_error_counts")
 """Columns holding a JSON string (decode with ``json.loads``)."""
 
 _STRUCT_MODELS = {"reasoning": ReasoningCounts, "usage": Usage, "timing": Timing, "env": EnvInfo}
+SAFETY_LABEL = pa.struct(
+    [
+        pa.field("turn", pa.int64()),
+        pa.field("tool", pa.string()),
+        pa.field("label", pa.string()),
+        pa.field("rule_id", pa.string()),
+    ]
+)
+"""One element of the ``safety_labels`` column (the fields of ``raygen.records.SafetyLabel``)."""
 
 SCHEMA = pa.schema(
     [
@@ -83,6 +94,8 @@ SCHEMA = pa.schema(
                 ]
             ),
         ),
+        pa.field("safety_labels", pa.list_(SAFETY_LABEL)),
+        pa.field("safety_rules_version", pa.string(), nullable=False),
     ]
 )
 
@@ -136,6 +149,19 @@ def to_row(record: dict[str, Any]) -> dict[str, Any]:
         "tool_stats": _json(record.get("tool_stats"), {}),
         "tool_error_counts": _json(record.get("tool_error_counts"), {}),
         **{name: _struct(name, record.get(name)) for name in _STRUCT_MODELS},
+        "safety_labels": [_safety_label(item) for item in record.get("safety_labels") or ()],
+        "safety_rules_version": str(record.get("safety_rules_version") or ""),
+    }
+
+
+_SAFETY_FIELDS = tuple(SafetyLabel.model_fields)
+
+
+def _safety_label(item: Any) -> dict[str, Any]:
+    item = item if isinstance(item, dict) else {}
+    return {
+        "turn": int(item.get("turn") or 0),
+        **{k: str(item.get(k) or "") for k in _SAFETY_FIELDS if k != "turn"},
     }
 
 

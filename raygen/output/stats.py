@@ -15,6 +15,8 @@
 - ``api_calls``: ``total`` model calls and ``mean_per_session`` (null with no sessions).
 - ``tokens``: ``prompt``, ``completion`` and ``total`` tokens as reported by the provider.
 - ``duration_s``: ``total``, ``mean`` (null with no sessions) and ``max`` session wall time.
+- ``safety``: ``labels`` ``{label: n}`` tool calls matched by the unsafe-action rules (one per matching
+  rule, see ``raygen/safety``) and ``sessions_with_labels``.
 - ``per_category``: ``{category: {...}}`` with all the keys above except ``per_category``; sessions
   without a category are under ``"(none)"``.
 """
@@ -56,6 +58,8 @@ class _Bucket:
     completion_tokens: int = 0
     duration_total: float = 0.0
     duration_max: float = 0.0
+    safety_labels: Counter = field(default_factory=Counter)
+    sessions_with_labels: int = 0
 
     def add(self, s: SessionSummary, outcome: str, reason: str | None) -> None:
         self.total += 1
@@ -80,6 +84,8 @@ class _Bucket:
         self.completion_tokens += s.completion_tokens
         self.duration_total += s.duration_s
         self.duration_max = max(self.duration_max, s.duration_s)
+        self.safety_labels.update(s.safety_labels)
+        self.sessions_with_labels += bool(s.safety_labels)
 
     def merge(self, o: _Bucket) -> None:
         self.total += o.total
@@ -89,6 +95,7 @@ class _Bucket:
             (self.failed, o.failed),
             (self.exit_statuses, o.exit_statuses),
             (self.tool_errors, o.tool_errors),
+            (self.safety_labels, o.safety_labels),
         ):
             mine.update(theirs)
         for name, (count, success, failure) in o.tools.items():
@@ -104,6 +111,7 @@ class _Bucket:
         self.completion_tokens += o.completion_tokens
         self.duration_total += o.duration_total
         self.duration_max = max(self.duration_max, o.duration_max)
+        self.sessions_with_labels += o.sessions_with_labels
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -135,6 +143,10 @@ class _Bucket:
                 "total": self.duration_total,
                 "mean": _ratio(self.duration_total, self.total),
                 "max": self.duration_max,
+            },
+            "safety": {
+                "labels": dict(sorted(self.safety_labels.items())),
+                "sessions_with_labels": self.sessions_with_labels,
             },
         }
 

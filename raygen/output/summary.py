@@ -30,6 +30,7 @@ _FIELDS = (
     "reasoning",
     "usage",
     "timing",
+    "safety_labels",
 )
 
 
@@ -55,6 +56,8 @@ class SessionSummary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     duration_s: float = 0.0
+    safety_labels: dict[str, int] = field(default_factory=dict)
+    """``{label: n}`` tool calls matched by the unsafe-action rules (one per matching rule)."""
 
     @property
     def failed(self) -> bool:
@@ -128,4 +131,16 @@ def summarize(record: dict[str, Any] | Trajectory) -> SessionSummary:
         prompt_tokens=_int(usage.get("prompt_tokens")),
         completion_tokens=_int(usage.get("completion_tokens")),
         duration_s=float(timing.get("duration_s") or 0.0),
+        safety_labels=_label_counts(record.get("safety_labels")),
     )
+
+
+def _label_counts(labels: Any) -> dict[str, int]:
+    """``{label: n}`` of a record's ``safety_labels`` (SafetyLabel models or their dicts)."""
+    counts: dict[str, int] = {}
+    for item in labels or ():
+        item = _plain(item)
+        label = item.get("label") if isinstance(item, dict) else None
+        if label:
+            counts[str(label)] = counts.get(str(label), 0) + 1
+    return counts

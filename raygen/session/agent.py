@@ -22,7 +22,8 @@ from raygen.envs import EnvSpec, create_environment
 from raygen.errors import SessionFailure
 from raygen.input.rows import Sample
 from raygen.model.base import ChatModel
-from raygen.records import EnvInfo, ReasoningCounts, Timing, ToolStat, Trajectory, Usage
+from raygen.records import EnvInfo, ReasoningCounts, SafetyLabel, Timing, ToolStat, Trajectory, Usage
+from raygen.safety import label_tool_call, rules_version
 from raygen.session.reasoning import split_reasoning
 from raygen.session.scrub import Scrubber
 from raygen.session.sharegpt import to_sharegpt
@@ -86,6 +87,11 @@ class _SessionState:
         self.tool_stats = {name: ToolStat() for name in runner.registry.all_tool_names()}
         self.tool_errors: dict[str, int] = {}
         self.hallucinated: list[str] = []
+        self.safety_labels: list[SafetyLabel] = []
+        # The row's own secret env values are redacted from this session's record and tool output, but
+        # still reach its environment (the task may need them): EnvSpec withholds only the runner's.
+        row_secrets = [v for k, v in sample.row.env.items() if k in runner.cfg.secret_env]
+        self.scrubber = Scrubber(runner.scrubber.values + row_secrets) if row_secrets else runner.scrubber
         self.reasoning = ReasoningCounts()
         self.usage = Usage()
         self.api_calls = 0
@@ -195,6 +201,8 @@ class _SessionState:
             return self._count(
                 name, ToolResult.error(f"invalid arguments for {name}: {exc}", "invalid_arguments")
             )
+        # Labelled before it runs (and whatever its outcome): the label is about what was attempted.
+        self.safety_labels.extend(label_tool_call(name, args, turn=self.api_calls))
         try:
             result = await tool.run(args, ctx)
         except SessionFailure:
@@ -202,7 +210,7 @@ class _SessionState:
         except Exception as exc:  # a broken tool is the tool's failure, shown to the model
             log.warning("tool %s raised: %r", name, exc)
             result = ToolResult.error(f"{type(exc).__name__}: {exc}", "execution")
-        content, _ = cap_text(self.r.scrubber.scrub(result.content), ctx.output_max_chars)
+        content, _ = cap_text(self.scrubber.scrub(result.content), ctx.output_max_chars)
         return self._count(name, ToolResult(result.ok, content, result.error_kind))
 
     def _count(self, name: str | None, result: ToolResult) -> ToolResult:
@@ -219,7 +227,7 @@ class _SessionState:
         return result
 
     def fail(self, exit_status: str, error: str) -> None:
-        self.completed, self.exit_status, self.error = False, exit_status, self.r.scrubber.scrub(error)
+        self.completed, self.exit_status, self.error = False, exit_status, self.scrubber.scrub(error)
 
     def to_record(self) -> Trajectory:
         ended = time.time()
@@ -255,8 +263,10 @@ class _SessionState:
             model=self.r.model.name,
             env=self.env_info,
             config_fingerprint=self.r.config_fingerprint,
+            safety_labels=self.safety_labels,
+            safety_rules_version=rules_version(),
         )
-        return self.r.scrubber.scrub_record(record)
+        return self.scrubber.scrub_record(record)
 
 
 def _iso(ts: float) -> str:

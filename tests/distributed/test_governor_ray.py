@@ -102,7 +102,7 @@ async def test_unused_leased_slots_expire_and_go_back():
 
 
 async def test_a_429_pauses_the_other_gate_and_cuts_the_target():
-    service = GovernorService(GovernorConfig(initial_rpm=6000, max_rpm=6000))
+    service = GovernorService(GovernorConfig(initial_rpm=6000, max_rpm=6000, adaptive=True))
     a, b = GovernorGate(service, lookahead=False), GovernorGate(service, lookahead=False)
     permit = await a.acquire(10)
     a.release(permit, status=429, retry_after_s=1.0)
@@ -118,7 +118,7 @@ async def test_a_429_pauses_the_other_gate_and_cuts_the_target():
 
 
 async def test_server_errors_do_not_cut_and_usage_is_reconciled():
-    service = GovernorService(GovernorConfig(initial_rpm=600, tpm=600_000))
+    service = GovernorService(GovernorConfig(initial_rpm=600, tpm=600_000, adaptive=True))
     gate = GovernorGate(service)
     gate.release(await gate.acquire(100), status=503)
     gate.release(await gate.acquire(100), status=None)
@@ -263,7 +263,7 @@ def test_two_actors_share_one_governor_and_hold_the_global_rpm(actors):
 
 @pytest.mark.ray
 def test_a_429_in_one_actor_pauses_and_slows_the_other(actors):
-    config = GovernorConfig(initial_rpm=600, max_rpm=600, lease_size=4)
+    config = GovernorConfig(initial_rpm=600, max_rpm=600, lease_size=4, adaptive=True)
     _, governor = _fresh_governor(config, actors)
     a, b = actors
     ray.get([a.acquire_times.remote(2), b.acquire_times.remote(2)])
