@@ -7,6 +7,7 @@ Never rely on ``__del__``.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Self
@@ -77,3 +78,16 @@ class Environment(ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def finish_despite_cancellation(teardown: asyncio.Future) -> None:
+    """Wait for ``teardown`` to finish even if the caller is cancelled meanwhile, then let the
+    cancellation through: a cancelled session must still remove its container, sandbox or instance."""
+    cancelled = False
+    while not teardown.done():
+        try:
+            await asyncio.shield(teardown)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError

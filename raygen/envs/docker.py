@@ -35,7 +35,7 @@ from contextlib import suppress
 from typing import Any
 
 from raygen.config import DockerEnvConfig
-from raygen.envs.base import Environment, EnvSpec, ExecResult
+from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
 from raygen.envs.capture import OutputCapture
 from raygen.envs.images import (
     LABEL_OWNER_HOST,
@@ -173,15 +173,7 @@ class DockerEnvironment(Environment):
     async def close(self) -> None:
         if self._removal is None:
             self._removal = asyncio.ensure_future(self._remove())
-        # Cancellation must not skip the removal: wait it out, then let the cancellation through.
-        cancelled = False
-        while not self._removal.done():
-            try:
-                await asyncio.shield(self._removal)
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:
-            raise asyncio.CancelledError
+        await finish_despite_cancellation(self._removal)
 
     async def _remove(self) -> None:
         if self._creating is not None and not self._creating.done():

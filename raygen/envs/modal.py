@@ -31,7 +31,7 @@ from contextlib import suppress
 from typing import Any
 
 from raygen.config import ModalEnvConfig
-from raygen.envs.base import Environment, EnvSpec, ExecResult
+from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
 from raygen.envs.capture import OutputCapture
 from raygen.envs.docker import KILL_GRACE_S
 from raygen.envs.images import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
@@ -160,15 +160,7 @@ class ModalEnvironment(Environment):
     async def close(self) -> None:
         if self._closing is None:
             self._closing = asyncio.ensure_future(self._terminate())
-        # Cancellation must not skip the termination: wait it out, then let the cancellation through.
-        cancelled = False
-        while not self._closing.done():
-            try:
-                await asyncio.shield(self._closing)
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:
-            raise asyncio.CancelledError
+        await finish_despite_cancellation(self._closing)
 
     async def _terminate(self) -> None:
         creating = self._creating

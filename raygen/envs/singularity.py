@@ -41,7 +41,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from raygen.config import SingularityEnvConfig
-from raygen.envs.base import Environment, EnvSpec, ExecResult
+from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
 from raygen.envs.capture import OutputCapture
 from raygen.envs.local import looks_secret, remove_tree
 from raygen.envs.processes import (
@@ -206,15 +206,7 @@ class SingularityEnvironment(Environment):
     async def close(self) -> None:
         if self._closing is None:
             self._closing = asyncio.ensure_future(self._teardown())
-        # Cancellation must not skip the teardown: wait it out, then let the cancellation through.
-        cancelled = False
-        while not self._closing.done():
-            try:
-                await asyncio.shield(self._closing)
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:
-            raise asyncio.CancelledError
+        await finish_despite_cancellation(self._closing)
 
     async def _teardown(self) -> None:
         for task in list(self._background):
