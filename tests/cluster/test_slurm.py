@@ -197,8 +197,11 @@ def test_scancel_mid_run_leaves_no_ray_process(slurm, tmp_path):
 def node_id(env: dict, slurm_node: str) -> str:
     """The Ray node id of the node the job started on ``slurm_node`` (Ray names files after it)."""
     session = Path(env["RAYGEN_RAY_TEMP_DIR"]) / slurm_node / "session_latest"
-    (port_file,) = session.glob("metrics_agent_port_*")
-    return port_file.name.rsplit("_", 1)[1]
+    # A start the launcher retried (RAYGEN_START_ATTEMPTS, when Ray misses its registration timeout on a
+    # loaded machine) leaves one file per attempt: the node that ran is the last one started.
+    port_files = sorted(session.glob("metrics_agent_port_*"), key=lambda p: p.stat().st_mtime)
+    assert port_files, f"no Ray node files under {session}"
+    return port_files[-1].name.rsplit("_", 1)[1]
 
 
 def squeue(env: dict) -> str:
