@@ -1,0 +1,147 @@
+"""``python -m bench [--quick] [--only NAME,...] [--work DIR]``: run the scenarios, print one table.
+
+Scenarios (``--only`` takes these names, or ``governor`` for the first three):
+  known       known rate limit: utilization and 429 share
+  adaptive    unknown limit (AIMD): the same
+  cluster     the same on a 2-node local Ray cluster (the budget must stay global)
+  throughput  sessions/s and CPU per session: raygen vs one asyncio process vs a process pool
+  scale       2,000 concurrent sessions at 30 s model latency: % of ideal, peak memory
+  sandboxes   start / exec / stop latency per environment backend; Docker sessions/s at 16 and 64
+Raw figures go to WORK/results.json. Run it in a loopback-only namespace (``make bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+
+from bench.common import Context, Row
+
+GROUPS = {"governor": ["known", "adaptive", "cluster"]}
+ORDER = ["known", "adaptive", "cluster", "throughput", "scale", "sandboxes"]
+
+
+def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
+    from bench import governor, sandboxes, scale, throughput
+
+    return {
+        "known": governor.known,
+        "adaptive": governor.adaptive,
+        "cluster": governor.cluster,
+        "throughput": throughput.run,
+        "scale": scale.run,
+        "sandboxes": sandboxes.run,
+    }
+
+
+def _selected(only: str | None) -> list[str]:
+    if not only:
+        return list(ORDER)
+    names: list[str] = []
+    for part in only.split(","):
+        part = part.strip()
+        for name in GROUPS.get(part, [part]):
+            if name not in ORDER:
+                raise SystemExit(f"unknown scenario {name!r}; choose from {', '.join(ORDER + list(GROUPS))}")
+            if name not in names:
+                names.append(name)
+    return sorted(names, key=ORDER.index)
+
+
+def _load() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "load average: " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def format_table(rows: list[Row]) -> str:
+    """A Markdown table (reads fine in a terminal and pastes into README.md as is)."""
+    head = ["scenario", "figure", "measured", "target", "met", "notes"]
+    body = [
+        [r.scenario, r.figure, r.value, r.target, {True: "yes", False: "**no**", None: ""}[r.met], r.note]
+        for r in rows
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=False)]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |"]
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    lines += [
+        "| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in body
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (about 4 minutes)")
+    parser.add_argument("--only", help="comma-separated scenario names")
+    parser.add_argument("--work", type=Path, help="scratch folder [/tmp/raygen-bench/<timestamp>]")
+    args = parser.parse_args(argv)
+    names = _selected(args.only)
+    work = args.work or Path("/tmp/raygen-bench") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    work.mkdir(parents=True, exist_ok=True)
+    # 2,000 sessions hold thousands of sockets; children inherit the raised limit.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    ctx = Context(
+        work=work, quick=args.quick, log=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)
+    )
+    scenarios = _scenarios()
+    started = time.time()
+    load_before = _load()
+    ctx.log(f"{'quick' if args.quick else 'full'} run of {', '.join(names)} in {work}; {load_before}")
+    rows: list[Row] = []
+    try:
+        for name in names:
+            if name not in GROUPS["governor"]:
+                ctx.close()  # an idle Ray cluster costs CPU and memory the next scenario would measure
+            t0 = time.time()
+            ctx.log(f"{name} ...")
+            try:
+                got = scenarios[name](ctx)
+            except Exception as exc:  # one broken scenario must not hide the others' figures
+                traceback.print_exc()
+                got = [Row(name, "error", type(exc).__name__, met=False, note=str(exc).splitlines()[0][:160])]
+            rows += got
+            ctx.log(f"{name} done in {time.time() - t0:.0f} s")
+            print(format_table(got), file=sys.stderr, flush=True)
+    finally:
+        ctx.close()
+    elapsed = time.time() - started
+    load_after = _load()
+    table = format_table(rows)
+    print(table)
+    mode = "quick" if args.quick else "full"
+    print(f"\n{mode} run, {elapsed / 60:.1f} min; before: {load_before}; after: {load_after}")
+    (work / "results.json").write_text(
+        json.dumps(
+            {
+                "rows": [asdict(r) for r in rows],
+                "figures": ctx.results,
+                "elapsed_s": elapsed,
+                "load_before": load_before,
+                "load_after": load_after,
+                "quick": args.quick,
+            },
+            indent=1,
+            default=str,
+        )
+    )
+    (work / "table.md").write_text(table + "\n")
+    return 1 if any(r.figure == "error" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

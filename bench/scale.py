@@ -1,0 +1,87 @@
+"""2,000 concurrent sessions at 30 s model latency, one wave: every session starts as soon as raygen can
+start it and makes two model calls (terminal-only prompts; the ``fake`` environment, so the environment
+costs nothing and the model path is what is measured).
+
+- throughput = sessions / (last end - first start); ideal = sessions / (2 x latency), i.e. every session
+  running at once from the first moment; the ratio is the headline. The ramp (first to last session
+  start, mostly actors starting) and the median session time are reported so a miss can be attributed.
+- peak memory = the highest sum of RSS over all raygen processes (driver, Ray's processes, actors),
+  sampled every 0.5 s; the simulator is reported separately.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from bench.common import GIB, Context, Row, Sim, pct, run_raygen, write_prompts
+from bench.procs import TreeSampler
+from raygen.config import SimConfig
+
+CALLS_PER_SESSION = 2
+RSS_LIMIT = 4 * GIB
+
+
+def _sizes(ctx: Context) -> tuple[int, int, int, float]:
+    """(sessions, workers, sessions per worker, latency)."""
+    return (800, 4, 200, 10.0) if ctx.quick else (2000, 8, 250, 30.0)
+
+
+def run(ctx: Context) -> list[Row]:
+    sessions, workers, per_worker, latency = _sizes(ctx)
+    work = ctx.dir("scale")
+    dataset = write_prompts(work / "prompts.jsonl", sessions, toolsets=["terminal"], tag="scale")
+    config = {
+        "env": {"type": "fake"},
+        "ray": {"workers": workers, "sessions_per_worker": per_worker},
+        "model": {"timeout_s": latency * 4},
+    }
+    with Sim(SimConfig(latency_s=latency)) as sim, TreeSampler(sim.proc.pid) as sim_sampler:
+        got = run_raygen(
+            ctx, "scale", dataset, config, base_url=sim.url, timeout_s=latency * 8 + 600, pss=True
+        )
+        sim_stats = sim.stats()
+    times, sampler = got.times, got.measured.sampler
+    session_s = CALLS_PER_SESSION * latency
+    ideal = sessions / session_s
+    ratio = times.rate / ideal
+    ramp = max(times.starts) - times.first_start
+    durations = [e - s for s, e in zip(times.starts, times.ends, strict=True)]
+    median = statistics.median(durations)
+    window_cpu = sampler.cpu_between(times.first_start, times.last_end)
+    ctx.results["scale"] = {
+        "sessions": times.count,
+        "failed": times.failed,
+        "rate": times.rate,
+        "ideal": ideal,
+        "ramp_s": ramp,
+        "median_session_s": median,
+        "peak_rss": sampler.peak_rss,
+        "peak_pss": sampler.peak_pss,
+        "sim_peak_rss": sim_sampler.peak_rss,
+        "sim_max_in_flight": sim_stats.get("max_in_flight"),
+        "cpu_window_s": window_cpu,
+        "peak_breakdown": sampler.peak_breakdown,
+    }
+    scenario = f"{sessions} sessions at {latency:.0f} s latency ({workers}x{per_worker})"
+    return [
+        Row(
+            scenario,
+            "throughput vs ideal",
+            pct(ratio),
+            ">= 90.0%",
+            ratio >= 0.9,
+            f"{times.rate:.1f}/s vs {ideal:.1f}/s; {times.count} sessions ({times.failed} failed); "
+            f"starts spread over {ramp:.1f} s; median session {median:.1f} s (ideal {session_s:.0f}); "
+            f"simulator saw {sim_stats.get('max_in_flight')} requests at once",
+        ),
+        Row(
+            scenario,
+            "peak RSS, all raygen processes",
+            f"{sampler.peak_rss / GIB:.2f} GiB",
+            "<= 4.00 GiB",
+            sampler.peak_rss <= RSS_LIMIT,
+            f"PSS {sampler.peak_pss / GIB:.2f} GiB; largest (GiB): {sampler.describe_peak(4)}"
+            f"; simulator {sim_sampler.peak_rss / GIB:.2f} GiB; "
+            f"CPU {window_cpu / times.count * 1000:.0f} ms/session",
+        ),
+    ]
