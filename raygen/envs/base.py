@@ -27,6 +27,11 @@ class EnvSpec:
     secret_values: list[str] = field(default_factory=list)
     """Values that must never reach a tool's environment or output."""
 
+    def env_without_secrets(self) -> dict[str, str]:
+        """The row's variables minus any whose value is a secret (the key must not reach a command)."""
+        secrets = {value for value in self.secret_values if value}
+        return {name: value for name, value in self.env.items() if value not in secrets}
+
 
 @dataclass
 class ExecResult:

@@ -105,8 +105,7 @@ class DockerEnvironment(Environment):
         )
         self.container_id: str | None = None
         self.cwd = posixpath.normpath(posixpath.join(config.workdir, spec.cwd or ""))
-        secret_values = {value for value in spec.secret_values if value}
-        self._env = {name: value for name, value in spec.env.items() if value not in secret_values}
+        self._env = spec.env_without_secrets()
         self._client: Any = None
         self._docker: Any = None
         self._creating: asyncio.Future | None = None

@@ -86,8 +86,7 @@ class ModalEnvironment(Environment):
         super().__init__(spec)
         self.config = config
         self.cwd = posixpath.normpath(posixpath.join(config.workdir, spec.cwd or ""))
-        secret_values = {value for value in spec.secret_values if value}
-        self._env = {name: value for name, value in spec.env.items() if value not in secret_values}
+        self._env = spec.env_without_secrets()
         self.sandbox: Any = None
         self._modal: Any = None
         self._creating: asyncio.Future | None = None

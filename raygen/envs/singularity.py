@@ -101,11 +101,10 @@ def apptainer_environment(host_env: dict[str, str] | None = None) -> dict[str, s
 
 def container_variables(spec: EnvSpec) -> dict[str, str]:
     """The row's ``env`` as ``APPTAINERENV_*`` variables: secret values, HOME and odd names dropped."""
-    secret_values = {value for value in spec.secret_values if value}
     return {
         f"APPTAINERENV_{name}": value
-        for name, value in spec.env.items()
-        if value not in secret_values and name != "HOME" and _ENV_NAME.match(name)
+        for name, value in spec.env_without_secrets().items()
+        if name != "HOME" and _ENV_NAME.match(name)
     }
 
 
