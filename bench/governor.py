@@ -28,7 +28,7 @@ CALLS_PER_SESSION = 2  # terminal-only prompts: the probe, then the answer
 
 def _duration_s(ctx: Context, adaptive: bool) -> float:
     if ctx.quick:
-        return 25.0 if adaptive else 15.0
+        return 20.0 if adaptive else 12.0
     return 60.0 if adaptive else 40.0
 
 

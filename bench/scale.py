@@ -23,7 +23,7 @@ RSS_LIMIT = 4 * GIB
 
 def _sizes(ctx: Context) -> tuple[int, int, int, float]:
     """(sessions, workers, sessions per worker, latency)."""
-    return (800, 4, 200, 10.0) if ctx.quick else (2000, 8, 250, 30.0)
+    return (500, 2, 250, 5.0) if ctx.quick else (2000, 8, 250, 30.0)
 
 
 def run(ctx: Context) -> list[Row]:

@@ -80,7 +80,7 @@ def _mem(n: int) -> str:
 
 def _sizes(ctx: Context) -> tuple[int, int, int]:
     """(sessions for raygen and asyncio, pool sessions per process, rounds)."""
-    return (300, 4, 1) if ctx.quick else (1000, 8, 2)
+    return (200, 3, 1) if ctx.quick else (1000, 8, 2)
 
 
 def run(ctx: Context) -> list[Row]:
@@ -121,7 +121,7 @@ def run(ctx: Context) -> list[Row]:
                 else:
                     if not pool_size:
                         pool_size = _equal_memory_pool(ctx, sim.url, max(f.rss for f in runs["raygen"]))
-                    count = max(100, pool_size * per_process)
+                    count = max(60, pool_size * per_process)
                     dataset = write_prompts(data / f"{tag}.jsonl", count, toolsets=["terminal"], tag=tag)
                     m, t = run_baseline(
                         ctx,

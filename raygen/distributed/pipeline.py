@@ -101,6 +101,7 @@ def run_pipeline(
     ds = ray.data.read_text(
         [str(f) for f in files],
         num_cpus=0,
+        concurrency=1,  # else each 0-CPU read ran at once in its own ~200 MB worker process
         override_num_blocks=max(len(files), 2 * rc.workers),
         label_selector={"ray.io/node-id": ray.get_runtime_context().get_node_id()},
     )
