@@ -6,6 +6,7 @@ and the tail of a byte stream within a fixed budget, so memory stays bounded wha
 
 from __future__ import annotations
 
+from raygen.envs.base import ExecResult
 from raygen.tools.base import cap_text
 
 
@@ -41,3 +42,19 @@ class OutputCapture:
         marker = f"\n... [output cut by raygen: {self.total} bytes in all] ...\n"
         keep = max(0, self.max_chars - len(marker))
         return head[: keep // 2] + marker + (tail[-(keep - keep // 2) :] if keep else ""), True
+
+
+def exec_result(
+    exit_code: int, out: OutputCapture, err: OutputCapture, timed_out: bool, duration_s: float
+) -> ExecResult:
+    """The ExecResult of a finished command from its two captured streams."""
+    stdout, stdout_cut = out.render()
+    stderr, stderr_cut = err.render()
+    return ExecResult(
+        exit_code=exit_code,
+        stdout=stdout,
+        stderr=stderr,
+        timed_out=timed_out,
+        truncated=stdout_cut or stderr_cut,
+        duration_s=duration_s,
+    )

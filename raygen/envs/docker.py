@@ -36,7 +36,7 @@ from typing import Any
 
 from raygen.config import DockerEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
-from raygen.envs.capture import OutputCapture
+from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.images import (
     LABEL_OWNER_HOST,
     LABEL_OWNER_PID,
@@ -284,16 +284,7 @@ class DockerEnvironment(Environment):
         exit_code = info.get("ExitCode")
         if timed_out or exit_code is None:
             exit_code = TIMEOUT_EXIT_CODE
-        stdout, stdout_cut = out.render()
-        stderr, stderr_cut = err.render()
-        return ExecResult(
-            exit_code=exit_code,
-            stdout=stdout,
-            stderr=stderr,
-            timed_out=timed_out,
-            truncated=stdout_cut or stderr_cut,
-            duration_s=time.monotonic() - started,
-        )
+        return exec_result(exit_code, out, err, timed_out, time.monotonic() - started)
 
     async def _kill_exec(self, exec_tag: str) -> None:
         argv = ["sh", "-c", KILL_BY_EXEC_ID_SCRIPT, "raygen-kill", exec_tag]

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from raygen.config import LocalEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult
-from raygen.envs.capture import OutputCapture
+from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.processes import (
     DRAIN_GRACE_S,
     READ_CHUNK,
@@ -301,20 +301,11 @@ class LocalEnvironment(Environment):
     def _result(
         self, returncode: int | None, out: OutputCapture, err: OutputCapture, timed_out: bool, duration: float
     ) -> ExecResult:
-        stdout, stdout_cut = out.render()
-        stderr, stderr_cut = err.render()
         if timed_out or returncode is None:
             exit_code = TIMEOUT_EXIT_CODE
         else:
             exit_code = 128 - returncode if returncode < 0 else returncode  # killed by a signal, like bash
-        return ExecResult(
-            exit_code=exit_code,
-            stdout=stdout,
-            stderr=stderr,
-            timed_out=timed_out,
-            truncated=stdout_cut or stderr_cut,
-            duration_s=duration,
-        )
+        return exec_result(exit_code, out, err, timed_out, duration)
 
     def _host_path(self, path: str, for_write: bool) -> Path:
         cwd = self._require_open()

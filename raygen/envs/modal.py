@@ -32,7 +32,7 @@ from typing import Any
 
 from raygen.config import ModalEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
-from raygen.envs.capture import OutputCapture
+from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.docker import KILL_GRACE_S
 from raygen.envs.images import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
 from raygen.envs.processes import EXEC_ID_VAR, KILL_BY_EXEC_ID_SCRIPT, TIMEOUT_EXIT_CODE
@@ -239,16 +239,7 @@ class ModalEnvironment(Environment):
         # The SDK reports -1 when its own exec deadline (the backstop) passed first.
         if timed_out or exit_code is None or exit_code == -1:
             timed_out, exit_code = True, TIMEOUT_EXIT_CODE
-        stdout, stdout_cut = out.render()
-        stderr, stderr_cut = err.render()
-        return ExecResult(
-            exit_code=exit_code,
-            stdout=stdout,
-            stderr=stderr,
-            timed_out=timed_out,
-            truncated=stdout_cut or stderr_cut,
-            duration_s=time.monotonic() - started,
-        )
+        return exec_result(exit_code, out, err, timed_out, time.monotonic() - started)
 
     async def _kill_exec(self, exec_tag: str) -> None:
         if self._closing is not None or self.sandbox is None:

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from raygen.config import SingularityEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
-from raygen.envs.capture import OutputCapture
+from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.local import looks_secret, remove_tree
 from raygen.envs.processes import (
     DRAIN_GRACE_S,
@@ -388,20 +388,11 @@ class SingularityEnvironment(Environment):
 def _result(
     returncode: int | None, out: OutputCapture, err: OutputCapture, timed_out: bool, duration: float
 ) -> ExecResult:
-    stdout, stdout_cut = out.render()
-    stderr, stderr_cut = err.render()
     if timed_out or returncode is None:
         exit_code = TIMEOUT_EXIT_CODE
     else:
         exit_code = 128 - returncode if returncode < 0 else returncode
-    return ExecResult(
-        exit_code=exit_code,
-        stdout=stdout,
-        stderr=stderr,
-        timed_out=timed_out,
-        truncated=stdout_cut or stderr_cut,
-        duration_s=duration,
-    )
+    return exec_result(exit_code, out, err, timed_out, duration)
 
 
 def reap_instances(config: SingularityEnvConfig, run_name: str | None) -> int:
