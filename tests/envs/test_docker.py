@@ -7,7 +7,9 @@ reason otherwise. Every container here is labelled with RUN_NAME, so the last te
 from __future__ import annotations
 
 import asyncio
+import http.client
 import threading
+import time
 import uuid
 from contextlib import suppress
 
@@ -176,6 +178,35 @@ async def test_exec_after_the_container_died_is_env_lost(docker_config, client):
         with pytest.raises(SessionFailure) as caught:
             await env.exec("true", 10, 100)
         assert caught.value.kind == "env_lost"
+
+
+@pytest.fixture
+def slow_reply_parsing(monkeypatch):
+    """Delay reading every HTTP reply's headers, so a fast command's output is already in the socket
+    by then: what a busy machine does now and then (it failed a CI run)."""
+    original = http.client.HTTPResponse.begin
+
+    def begin_late(self):
+        time.sleep(0.1)
+        return original(self)
+
+    monkeypatch.setattr(http.client.HTTPResponse, "begin", begin_late)
+
+
+async def test_fast_output_is_kept_when_the_reply_is_read_late(docker_config, client, slow_reply_parsing):
+    command = "echo out; echo err >&2"
+    async with make_docker_env(docker_config) as env:
+        for _ in range(3):
+            result = await env.exec(command, 10, 1000)
+            assert (result.stdout, result.stderr, result.exit_code) == ("out\n", "err\n", 0)
+        # The control: docker-py's own stream loses those bytes under the same delay (docker-py#2042),
+        # which is why the backend reads the stream itself. Should docker-py fix it, this reader can go.
+        outputs = []
+        for _ in range(5):
+            exec_id = client.api.exec_create(env.container_id, ["sh", "-c", command])["Id"]
+            pairs = list(client.api.exec_start(exec_id, stream=True, demux=True))
+            outputs.append(b"".join(out for out, _ in pairs if out))
+        assert b"" in outputs  # lost in 9 of 10 execs when measured
 
 
 def test_reaper_removes_only_the_runs_leftovers(docker_config, client):
