@@ -348,6 +348,11 @@ class GovernorConfig(_Section):
     with the provider's reported usage after it; unset: unlimited."""
     max_in_flight: int | None = Field(None, ge=1)
     """Most requests in flight at once across the cluster; unset: unlimited."""
+    headroom: float = Field(0.97, gt=0, le=1)
+    """Share of ``rpm`` and ``tpm`` the governor paces to. A little under the limit, because requests
+    reach the provider with some jitter (slots used a moment after they were granted, network), and a
+    provider that enforces its limit over a window of a second or so answers a bunched second with 429s;
+    1.0 paces exactly at the limit."""
     adaptive: bool = False
     """Back off on 429 (multiply the target by ``decrease_factor``) and grow it again after clean, busy
     traffic: for providers whose limit is unknown (``--adaptive``). Without ``rpm`` it starts at
@@ -374,7 +379,7 @@ class GovernorConfig(_Section):
     lease_ttl_s: float = Field(2.0, gt=0)
     """Leased slots unused after this many seconds go back, so idle workers strand no capacity."""
     max_pause_s: float = Field(120.0, gt=0)
-    """Longest cluster-wide pause honoured from a Retry-After or ``x-ratelimit-reset-*`` header."""
+    """Longest cluster-wide pause honoured from a 429's Retry-After or ``x-ratelimit-reset-*`` header."""
 
     @model_validator(mode="after")
     def _initial_within_ceiling(self) -> GovernorConfig:

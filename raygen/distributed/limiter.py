@@ -7,7 +7,7 @@
 - a cluster-wide in-flight count (leased slots not yet returned or completed);
 - AIMD: a 429 multiplies the target by ``decrease_factor`` (once per ``cut_window_s`` and only for requests
   admitted since the last cut, so one burst of 429s cuts once); clean, busy traffic grows it again;
-- a global pause until a Retry-After (or an ``x-ratelimit-reset-*`` header) passes.
+- a global pause after a 429 until its Retry-After (or its ``x-ratelimit-reset-*`` header) passes.
 
 Workers do not ask per request: they take *leases* (a few request slots, each charged an estimated number
 of tokens) and send back batched ``UsageReport`` deltas. Deltas commute, so reports and lease calls of one
@@ -188,13 +188,18 @@ class RateLimiter:
         self.adaptive = config.resolved_adaptive()
         now = clock()
         self._start = now
-        self.ceiling_rpm = (
-            config.rpm if config.rpm is not None else (config.max_rpm if self.adaptive else None)
-        )
-        self.target_rpm = (
-            config.rpm if config.rpm is not None else (config.initial_rpm if self.adaptive else None)
-        )
-        self.target_tpm = config.tpm
+        # Known limits are paced to with a little headroom (see GovernorConfig.headroom); the adaptive
+        # bounds are not provider limits, so they are used as given.
+        known_rpm = None if config.rpm is None else config.rpm * config.headroom
+        self.tpm_ceiling = None if config.tpm is None else config.tpm * config.headroom
+        if known_rpm is not None:
+            self.ceiling_rpm: float | None = known_rpm
+            self.target_rpm: float | None = known_rpm
+        elif self.adaptive:
+            self.ceiling_rpm, self.target_rpm = config.max_rpm, config.initial_rpm
+        else:
+            self.ceiling_rpm = self.target_rpm = None
+        self.target_tpm = self.tpm_ceiling
         self._requests = self._make_bucket(self.target_rpm, now)
         self._tokens = self._make_bucket(self.target_tpm, now)
         self._holder_timeout_s = holder_timeout_s
@@ -465,7 +470,7 @@ class RateLimiter:
         if self.target_tpm is not None:
             # The tpm ceiling is the configured tpm. At the floor, requests larger than the bucket still go
             # whenever it is full (see _available).
-            self.target_tpm = min(max(60.0, self.target_tpm * factor), self.config.tpm)
+            self.target_tpm = min(max(60.0, self.target_tpm * factor), self.tpm_ceiling)
             self._tokens.refill(now)
             self._tokens.retarget(self.target_tpm / 60.0, self.config.burst_s)
 

@@ -117,6 +117,19 @@ async def test_a_429_pauses_the_other_gate_and_cuts_the_target():
         await gate.aclose()
 
 
+async def test_exhausted_window_headers_pause_only_after_a_429():
+    service = GovernorService(GovernorConfig(initial_rpm=6000, max_rpm=6000, adaptive=True))
+    gate = GovernorGate(service, lookahead=False)
+    last_of_window = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "2s"}
+    gate.release(await gate.acquire(10), status=200, headers=last_of_window)
+    await gate.flush()
+    assert (await service.snapshot())["paused_for_s"] == 0  # served: the pacing handles the window
+    gate.release(await gate.acquire(10), status=429, headers=last_of_window)
+    await gate.flush()
+    assert 1.0 < (await service.snapshot())["paused_for_s"] <= 2.0  # refused: wait for the reset
+    await gate.aclose()
+
+
 async def test_server_errors_do_not_cut_and_usage_is_reconciled():
     service = GovernorService(GovernorConfig(initial_rpm=600, tpm=600_000, adaptive=True))
     gate = GovernorGate(service)

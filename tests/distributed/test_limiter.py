@@ -24,6 +24,7 @@ class FakeClock:
 def make(clock: FakeClock | None = None, **config) -> tuple[RateLimiter, FakeClock]:
     clock = clock or FakeClock()
     config.setdefault("adaptive", config.get("rpm") is None)  # the AIMD tests probe for an unknown limit
+    config.setdefault("headroom", 1.0)  # exact arithmetic; the default headroom has a test of its own
     return RateLimiter(GovernorConfig(**config), clock), clock
 
 
@@ -56,6 +57,20 @@ def test_known_rpm_paces_a_greedy_client_over_a_minute():
         while j < len(times) and times[j] <= t0 + 2.0:
             j += 1
         assert j - i <= 10 + 10 * 2.0 + 1
+
+
+def test_known_limits_are_paced_with_the_default_headroom():
+    limiter, clock = make(rpm=600, tpm=60_000, headroom=GovernorConfig().headroom)
+    assert GovernorConfig().headroom == 0.97
+    assert limiter.target_rpm == pytest.approx(582) and limiter.target_tpm == pytest.approx(58_200)
+    total, start = 0, clock.t
+    while clock.t < start + 60:
+        got = limiter.lease("w", want_requests=1000).requests
+        if got:
+            total += got
+            limiter.report("w", UsageReport(completed=got))
+        clock.t += 0.01
+    assert 582 <= total <= 582 + 10  # 97% of a minute's worth plus the initial burst (1 s of 582 rpm)
 
 
 def test_smaller_burst_window_means_smaller_bursts():
