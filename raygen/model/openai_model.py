@@ -51,6 +51,13 @@ def estimate_tokens(
     return chars // 4 + (max_tokens or 512)
 
 
+def connection_limits(max_connections: int) -> Any:
+    """The SDK's own ``Limits`` type (from httpx or its successor, whichever this openai release uses),
+    every connection kept alive: a worker's sessions reuse them turn after turn."""
+    limits_type = type(openai.DEFAULT_CONNECTION_LIMITS)
+    return limits_type(max_connections=max_connections, max_keepalive_connections=max_connections)
+
+
 class OpenAIChatModel(ChatModel):
     def __init__(
         self,
@@ -65,14 +72,16 @@ class OpenAIChatModel(ChatModel):
         self.config = config
         self.sampling = sampling
         self.gate = gate or NoGate()
-        # aiohttp transport: the default httpx2 pool walks every pooled connection on each request,
-        # which dominates CPU at thousands of concurrent sessions (docs/performance.md).
+        # aiohttp transport: the default httpx pool walks every pooled connection on each request,
+        # which dominates CPU at thousands of concurrent sessions (bench/README.md, findings).
         self.client = openai.AsyncOpenAI(
             api_key=api_key or "not-needed",
             base_url=base_url,
             max_retries=0,
             timeout=config.timeout_s,
-            http_client=openai.DefaultAioHttpClient(timeout=config.timeout_s),
+            http_client=openai.DefaultAioHttpClient(
+                timeout=config.timeout_s, limits=connection_limits(config.max_connections)
+            ),
         )
 
     def _request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -144,3 +145,12 @@ async def test_request_carries_sampling_and_extra_body():
     body = bodies[0]
     assert body["provider"] == {"order": ["a"], "allow_fallbacks": False}
     assert (body["max_tokens"], body["temperature"], body["seed"]) == (7, 0.3, 11)
+
+
+async def test_max_connections_bounds_the_requests_in_flight():
+    async with SimServer(SimConfig(latency_s=0.2)) as sim:
+        m = model(sim.url, max_connections=2)
+        await asyncio.gather(*(m.complete(MESSAGES, []) for _ in range(6)))
+        await m.aclose()
+        seen = sim.stats.max_in_flight
+    assert seen == 2  # six callers, two connections: the other requests waited for one
