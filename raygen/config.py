@@ -68,9 +68,9 @@ class OpenAIModelConfig(_Section):
     """Retries of one request on 429, 5xx, timeouts and connection errors before the session fails."""
     retry_max_wait_s: float = 120.0
     """Longest wait between two retries (Retry-After from the provider is honoured up to this)."""
-    max_connections: int = Field(256, ge=1)
+    max_connections: int | None = Field(None, ge=1)
     """Most HTTP connections to the endpoint per session actor; a request beyond them waits for a free one.
-    Keep it at least ``ray.sessions_per_worker``, or sessions queue for a connection."""
+    Unset: ``ray.sessions_per_worker`` (a session has at most one model request in flight)."""
 
 
 class ScriptedModelConfig(_Section):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from pydantic import SecretStr
 
-from raygen.config import RunConfig
+from raygen.config import ModelConfig, OpenAIModelConfig, RunConfig
 
 
 @dataclass
@@ -19,3 +19,11 @@ class WorkerPlan:
     """Travels in the actor's constructor arguments, never in config, records or logs."""
     config_fingerprint: str = ""
     secret_values: list[SecretStr] = field(default_factory=list)
+
+    def model_config(self) -> ModelConfig:
+        """The model section as a worker uses it: an unset ``max_connections`` becomes one connection per
+        session slot (a session has at most one model request in flight)."""
+        model = self.config.model
+        if isinstance(model, OpenAIModelConfig) and model.max_connections is None:
+            return model.model_copy(update={"max_connections": self.config.ray.sessions_per_worker})
+        return model

@@ -34,7 +34,7 @@ class SessionWorker:
         # One gate per process, leasing capacity from the cluster-wide governor the driver created.
         gate = make_gate(cfg.governor, plan.base_url, cfg.model.model, api_key)
         self.model = create_model(
-            cfg.model,
+            plan.model_config(),
             sampling=cfg.sampling,
             sim=cfg.sim,
             base_url=plan.base_url,

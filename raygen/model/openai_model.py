@@ -51,6 +51,10 @@ def estimate_tokens(
     return chars // 4 + (max_tokens or 512)
 
 
+_UNSET_CONNECTIONS = 256
+"""Connections when neither the config nor the caller sets them (a SessionWorker always does)."""
+
+
 def connection_limits(max_connections: int) -> Any:
     """The SDK's own ``Limits`` type (from httpx or its successor, whichever this openai release uses),
     every connection kept alive: a worker's sessions reuse them turn after turn."""
@@ -80,7 +84,8 @@ class OpenAIChatModel(ChatModel):
             max_retries=0,
             timeout=config.timeout_s,
             http_client=openai.DefaultAioHttpClient(
-                timeout=config.timeout_s, limits=connection_limits(config.max_connections)
+                timeout=config.timeout_s,
+                limits=connection_limits(config.max_connections or _UNSET_CONNECTIONS),
             ),
         )
 
