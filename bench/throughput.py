@@ -120,7 +120,7 @@ def run(ctx: Context) -> list[Row]:
                     runs["asyncio"].append(Figures.of(f"asyncio, {CONCURRENCY} at once", m, t))
                 else:
                     if not pool_size:
-                        pool_size = _equal_memory_pool(ctx, sim.url, max(f.rss for f in runs["raygen"]))
+                        pool_size = equal_memory_pool(ctx, sim.url, max(f.rss for f in runs["raygen"]))
                     count = max(60, pool_size * per_process)
                     dataset = write_prompts(data / f"{tag}.jsonl", count, toolsets=["terminal"], tag=tag)
                     m, t = run_baseline(
@@ -141,15 +141,18 @@ def run(ctx: Context) -> list[Row]:
     return _rows(runs)
 
 
-def _equal_memory_pool(ctx: Context, base_url: str, raygen_rss: int) -> int:
+def equal_memory_pool(ctx: Context, base_url: str, raygen_rss: int) -> int:
     """Processes of the pool runner that fit in ``raygen_rss``: measured RSS of a 2-process pool, per
-    process (its parent counts as one more)."""
-    dataset = write_prompts(ctx.dir("throughput") / "calibrate.jsonl", 8, toolsets=["terminal"], tag="cal")
-    m, _ = run_baseline(
-        ctx, "tp-pool-calibration", "pool", dataset, concurrency=2, base_url=base_url, timeout_s=300
-    )
-    per_process = m.sampler.peak_rss / 3
-    size = max(2, min(128, int(raygen_rss / per_process) - 1))
+    process (its parent counts as one more); calibrated once per benchmark run."""
+    per_process = ctx.results.get("pool_rss_per_process")
+    if per_process is None:
+        prompts = ctx.dir("pool-calibration") / "prompts.jsonl"
+        dataset = write_prompts(prompts, 8, toolsets=["terminal"], tag="cal")
+        m, _ = run_baseline(
+            ctx, "pool-calibration", "pool", dataset, concurrency=2, base_url=base_url, timeout_s=300
+        )
+        per_process = ctx.results["pool_rss_per_process"] = m.sampler.peak_rss / 3
+    size = max(2, min(256, int(raygen_rss / per_process) - 1))
     ctx.log(
         f"pool calibration: {_mem(int(per_process))} per process -> {size} processes in {_mem(raygen_rss)}"
     )
