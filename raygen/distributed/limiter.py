@@ -9,21 +9,19 @@
   admitted since the last cut, so one burst of 429s cuts once); clean, busy traffic grows it again;
 - a global pause after a 429 until its Retry-After (or its ``x-ratelimit-reset-*`` header) passes.
 
-Workers do not ask per request: they take *leases* (a few request slots, each charged an estimated number
-of tokens) and send back batched ``UsageReport`` deltas. Deltas commute, so reports and lease calls of one
-worker may cross in flight.
+Workers take *leases* and send back ``UsageReport`` deltas (raygen.distributed.leases).
 """
 
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from raygen.config import GovernorConfig
+from raygen.distributed.leases import Lease, UsageReport
 
 MIN_RPM = 1.0
 """The adaptive target never drops below this (requests per minute)."""
@@ -42,66 +40,6 @@ _RATE_WINDOW_S = 10
 """Window of the achieved-rate figures in ``snapshot()``."""
 _HOLDER_TIMEOUT_S = 60.0
 """A worker silent for this long is presumed dead and its reserved slots are freed."""
-
-
-@dataclass
-class Lease:
-    """Capacity granted to one worker: ``requests`` slots, each charged ``tokens_per_request`` tokens."""
-
-    requests: int = 0
-    tokens_per_request: float = 0.0
-    epoch: int = 0
-    """The limiter's cut counter when granted; 429s of older epochs do not cut again."""
-    ttl_s: float = 0.0
-    """Unused slots must be returned after this many seconds."""
-    pause_s: float = 0.0
-    """The cluster is paused for this much longer (Retry-After); nothing is granted meanwhile."""
-    wait_hint_s: float = 0.0
-    """When nothing was granted: roughly when to ask again."""
-    target_rpm: float | None = None
-
-
-@dataclass
-class UsageReport:
-    """What a worker tells the governor, as deltas since its previous report (so reports commute)."""
-
-    completed: int = 0
-    """Requests that finished (any status)."""
-    returned: int = 0
-    """Leased slots given back unused."""
-    token_adjust: float = 0.0
-    """Sum of (actual tokens - charged tokens) of finished requests, minus the charge of returned slots."""
-    tokens_used: int = 0
-    """Actual tokens of finished requests (for the achieved-tpm figure)."""
-    rate_limited: int = 0
-    """429 answers."""
-    rate_limited_epoch: int = -1
-    """Highest lease epoch among the 429'd requests (-1: none)."""
-    errors: int = 0
-    """5xx, timeouts and connection errors (counted, never cut the rate)."""
-    pause_s: float = 0.0
-    """Longest pause asked by the provider (Retry-After or rate-limit reset headers), in seconds."""
-    wait_s: float = 0.0
-    """Time callers spent waiting in acquire()."""
-    in_flight: int | None = None
-    """The worker's current number of requests in flight (absolute), None if unchanged."""
-
-    def is_empty(self) -> bool:
-        return self == UsageReport(in_flight=self.in_flight)
-
-    def merge(self, other: UsageReport) -> None:
-        """Add ``other`` into this report (used when a send fails and the deltas must be kept)."""
-        self.completed += other.completed
-        self.returned += other.returned
-        self.token_adjust += other.token_adjust
-        self.tokens_used += other.tokens_used
-        self.rate_limited += other.rate_limited
-        self.rate_limited_epoch = max(self.rate_limited_epoch, other.rate_limited_epoch)
-        self.errors += other.errors
-        self.pause_s = max(self.pause_s, other.pause_s)
-        self.wait_s += other.wait_s
-        if self.in_flight is None:
-            self.in_flight = other.in_flight
 
 
 @dataclass
@@ -517,46 +455,3 @@ class RateLimiter:
 
 
 # ------------------------------------------------------------------------ provider headers
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
-_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-
-
-def parse_reset(value: str, wall_now: float) -> float | None:
-    """Seconds until a rate-limit window resets, from ``6m0s`` / ``20ms`` / ``1.5s`` style durations
-    (OpenAI), plain seconds, or an epoch timestamp in seconds or milliseconds (OpenRouter)."""
-    text = value.strip().lower()
-    try:
-        number = float(text)
-    except ValueError:
-        parts = _DURATION_PART.findall(text)
-        if not parts or "".join(n + u for n, u in parts) != text:
-            return None
-        return sum(float(n) * _UNIT_S[u] for n, u in parts)
-    if number > 1e12:  # epoch milliseconds
-        return max(0.0, number / 1000.0 - wall_now)
-    if number > 1e9:  # epoch seconds
-        return max(0.0, number - wall_now)
-    return max(0.0, number)
-
-
-def pause_from_headers(headers: Mapping[str, str] | None, wall_now: float | None = None) -> float:
-    """How long the provider's ``x-ratelimit-*`` headers say to hold off: the reset time of any window
-    whose ``remaining`` is 0; 0.0 when none is exhausted or the headers are absent or unreadable."""
-    if not headers:
-        return 0.0
-    wall_now = time.time() if wall_now is None else wall_now
-    lower = {k.lower(): v for k, v in headers.items()}
-    pause = 0.0
-    for suffix in ("-requests", "-tokens", ""):
-        remaining = lower.get(f"x-ratelimit-remaining{suffix}")
-        reset = lower.get(f"x-ratelimit-reset{suffix}")
-        if remaining is None or reset is None:
-            continue
-        try:
-            exhausted = float(remaining) <= 0
-        except ValueError:
-            continue
-        if exhausted:
-            pause = max(pause, parse_reset(str(reset), wall_now) or 0.0)
-    return pause

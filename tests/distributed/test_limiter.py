@@ -10,7 +10,8 @@ import random
 import pytest
 
 from raygen.config import GovernorConfig
-from raygen.distributed.limiter import RateLimiter, UsageReport, parse_reset, pause_from_headers
+from raygen.distributed.leases import UsageReport
+from raygen.distributed.limiter import RateLimiter
 
 
 class FakeClock:
@@ -391,25 +392,3 @@ def test_snapshot_and_bounded_history():
     assert 100 <= len(history) <= 600  # capped, yet spans the whole run
     assert history[0]["t"] < 5 and history[-1]["t"] > 1900
     assert all(h["target_rpm"] == 600 for h in history)
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [("6m0s", 360.0), ("1.5s", 1.5), ("20ms", 0.02), ("1h2m3s", 3723.0), ("7", 7.0), ("bogus", None)],
-)
-def test_parse_reset_durations(value, expected):
-    assert parse_reset(value, wall_now=0) == expected
-
-
-def test_parse_reset_epoch_timestamps():
-    assert parse_reset("1700000012", wall_now=1_700_000_000) == pytest.approx(12)
-    assert parse_reset("1700000012500", wall_now=1_700_000_000) == pytest.approx(12.5)
-
-
-def test_pause_from_headers_only_when_a_window_is_exhausted():
-    assert pause_from_headers(None) == 0.0
-    headers = {"X-RateLimit-Remaining-Requests": "0", "X-RateLimit-Reset-Requests": "2s"}
-    assert pause_from_headers(headers) == pytest.approx(2.0)
-    assert pause_from_headers({**headers, "X-RateLimit-Remaining-Requests": "12"}) == 0.0
-    openrouter = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1700000003000"}
-    assert pause_from_headers(openrouter, wall_now=1_700_000_000) == pytest.approx(3.0)

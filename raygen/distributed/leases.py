@@ -1,0 +1,70 @@
+"""The messages between a worker's ``GovernorGate`` and the cluster's governor (picklable dataclasses).
+
+Workers do not ask per request: they take *leases* (a few request slots, each charged an estimated number
+of tokens) and send back batched ``UsageReport`` deltas. Deltas commute, so reports and lease calls of one
+worker may cross in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Lease:
+    """Capacity granted to one worker: ``requests`` slots, each charged ``tokens_per_request`` tokens."""
+
+    requests: int = 0
+    tokens_per_request: float = 0.0
+    epoch: int = 0
+    """The limiter's cut counter when granted; 429s of older epochs do not cut again."""
+    ttl_s: float = 0.0
+    """Unused slots must be returned after this many seconds."""
+    pause_s: float = 0.0
+    """The cluster is paused for this much longer (Retry-After); nothing is granted meanwhile."""
+    wait_hint_s: float = 0.0
+    """When nothing was granted: roughly when to ask again."""
+    target_rpm: float | None = None
+
+
+@dataclass
+class UsageReport:
+    """What a worker tells the governor, as deltas since its previous report (so reports commute)."""
+
+    completed: int = 0
+    """Requests that finished (any status)."""
+    returned: int = 0
+    """Leased slots given back unused."""
+    token_adjust: float = 0.0
+    """Sum of (actual tokens - charged tokens) of finished requests, minus the charge of returned slots."""
+    tokens_used: int = 0
+    """Actual tokens of finished requests (for the achieved-tpm figure)."""
+    rate_limited: int = 0
+    """429 answers."""
+    rate_limited_epoch: int = -1
+    """Highest lease epoch among the 429'd requests (-1: none)."""
+    errors: int = 0
+    """5xx, timeouts and connection errors (counted, never cut the rate)."""
+    pause_s: float = 0.0
+    """Longest pause asked by the provider (Retry-After or rate-limit reset headers), in seconds."""
+    wait_s: float = 0.0
+    """Time callers spent waiting in acquire()."""
+    in_flight: int | None = None
+    """The worker's current number of requests in flight (absolute), None if unchanged."""
+
+    def is_empty(self) -> bool:
+        return self == UsageReport(in_flight=self.in_flight)
+
+    def merge(self, other: UsageReport) -> None:
+        """Add ``other`` into this report (used when a send fails and the deltas must be kept)."""
+        self.completed += other.completed
+        self.returned += other.returned
+        self.token_adjust += other.token_adjust
+        self.tokens_used += other.tokens_used
+        self.rate_limited += other.rate_limited
+        self.rate_limited_epoch = max(self.rate_limited_epoch, other.rate_limited_epoch)
+        self.errors += other.errors
+        self.pause_s = max(self.pause_s, other.pause_s)
+        self.wait_s += other.wait_s
+        if self.in_flight is None:
+            self.in_flight = other.in_flight
