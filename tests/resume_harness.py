@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cli_runs import write_dataset  # noqa: F401  (re-exported for the resume and crash tests)
+
 from raygen.input.rows import PromptRow, make_sample_key
 
 RETRYABLE_FOR_TESTS = {"rate_limited", "provider_unavailable", "env_start", "env_lost", "worker_lost"}
@@ -28,10 +30,6 @@ RETRYABLE_FOR_TESTS = {"rate_limited", "provider_unavailable", "env_start", "env
 def prompt_sha(prompt: str) -> str:
     """How the simulator's request log names a session: the first user message's hash."""
     return hashlib.sha256(prompt.encode()).hexdigest()[:16]
-
-
-def write_dataset(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
 
 
 def sample_keys(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:

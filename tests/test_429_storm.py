@@ -6,20 +6,16 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-import yaml
+from cli_runs import run_records, run_with_config, write_dataset
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 def test_no_prompt_lost_or_duplicated_under_a_429_storm(tmp_path):
     rows = [{"id": f"p{i}", "prompt": f"storm task {i}: print {i} in the shell"} for i in range(30)]
-    dataset = tmp_path / "prompts.jsonl"
-    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dataset = write_dataset(tmp_path / "prompts.jsonl", rows)
     log = tmp_path / "sim.jsonl"
     config = {
         "sim": {"latency_s": 0.02, "rate_limit_rpm": 300, "rate_limit_burst": 1, "log_path": str(log)},
@@ -29,22 +25,9 @@ def test_no_prompt_lost_or_duplicated_under_a_429_storm(tmp_path):
         "ray": {"workers": 2, "sessions_per_worker": 8},
         "output": {"output_dir": str(tmp_path / "runs"), "run_name": "storm"},
     }
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    proc = subprocess.run(
-        [sys.executable, "-m", "raygen.cli", "run", str(dataset), "--config", str(tmp_path / "run.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ),
-    )
+    proc = run_with_config(dataset, config, tmp_path / "run.yaml")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    run = tmp_path / "runs" / "storm"
-    records = [
-        json.loads(line)
-        for folder in ("data", "rejected", "failed")
-        for path in run.glob(f"{folder}/*.jsonl")
-        for line in path.read_text().splitlines()
-    ]
+    records = [r for group in run_records(tmp_path / "runs" / "storm").values() for r in group]
     assert sorted(r["id"] for r in records) == sorted(r["id"] for r in rows)  # each exactly once
     assert all(not r["exit_status"].startswith("error:") for r in records)
 

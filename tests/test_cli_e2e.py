@@ -9,10 +9,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from cli_runs import read_jsonl
 
 from raygen.config import SimConfig
 from raygen.sim.policy import plan_for
@@ -28,10 +28,6 @@ def raygen(*args: str, env: dict | None = None, timeout: int = 600) -> subproces
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
-
-
-def read_jsonl(paths) -> list[dict]:
-    return [json.loads(line) for p in sorted(paths) for line in Path(p).read_text().splitlines() if line]
 
 
 @pytest.fixture(scope="module")

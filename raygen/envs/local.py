@@ -34,13 +34,10 @@ from raygen.config import LocalEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult
 from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.processes import (
-    DRAIN_GRACE_S,
-    READ_CHUNK,
     TIMEOUT_EXIT_CODE,
-    ExitAwareProtocol,
     kill_group,
-    pump_into,
     read_regular_file,
+    run_captured,
     write_file,
 )
 from raygen.errors import SessionFailure
@@ -263,48 +260,19 @@ class LocalEnvironment(Environment):
                     needed.mkdir(parents=True, exist_ok=True)
                 except OSError as exc:
                     raise SessionFailure("env_lost", f"the session workdir is gone: {exc}") from exc
-        loop = asyncio.get_running_loop()
         started = time.monotonic()
-        try:
-            transport, protocol = await loop.subprocess_exec(
-                lambda: ExitAwareProtocol(READ_CHUNK, loop),
-                *self._argv(command, cwd),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=cwd,
-                env=self._env,
-                start_new_session=True,  # own process group: a timeout can kill every child at once
-            )
-        except OSError as exc:
-            raise SessionFailure("env_lost", f"cannot start a command: {exc}") from exc
-        pgid = transport.get_pid()
-        self._process_groups.add(pgid)
-        out, err = OutputCapture(max_output_chars), OutputCapture(max_output_chars)
-        pumps = [
-            asyncio.create_task(pump_into(protocol.stdout, out)),
-            asyncio.create_task(pump_into(protocol.stderr, err)),
-        ]
-        timed_out = False
-        try:
-            await asyncio.wait([protocol.exited], timeout=timeout_s)
-            if not protocol.exited.done():
-                timed_out = True
-                kill_group(pgid)
-                await asyncio.wait([protocol.exited], timeout=DRAIN_GRACE_S)
-            # Background children may still hold the pipes: read what they write for a moment, then
-            # stop listening (they keep running until close() kills their process group).
-            await asyncio.wait(pumps, timeout=DRAIN_GRACE_S)
-        finally:
-            for pump in pumps:
-                pump.cancel()
-            if transport.get_returncode() is None:
-                kill_group(pgid)  # cancelled mid-command: nothing may outlive the caller's interest
-            else:
-                transport.close()
-        if not _group_alive(pgid):
-            self._process_groups.discard(pgid)
-        return self._result(transport.get_returncode(), out, err, timed_out, time.monotonic() - started)
+        done = await run_captured(
+            self._argv(command, cwd),
+            env=self._env,
+            cwd=cwd,
+            timeout_s=timeout_s,
+            max_output_chars=max_output_chars,
+            groups=self._process_groups,
+        )
+        # Background jobs keep the group alive: close() kills it then.
+        if not _group_alive(done.pgid):
+            self._process_groups.discard(done.pgid)
+        return self._result(done.returncode, done.out, done.err, done.timed_out, time.monotonic() - started)
 
     def _result(
         self, returncode: int | None, out: OutputCapture, err: OutputCapture, timed_out: bool, duration: float

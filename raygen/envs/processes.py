@@ -8,10 +8,14 @@ import errno
 import os
 import signal
 import stat
+import subprocess
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 from raygen.envs.capture import OutputCapture
+from raygen.errors import SessionFailure
 
 TIMEOUT_EXIT_CODE = 124
 """Exit code reported for a command killed by its timeout (as GNU ``timeout`` does)."""
@@ -64,6 +68,80 @@ def kill_group(pgid: int) -> None:
 async def pump_into(stream: asyncio.StreamReader, capture: OutputCapture) -> None:
     while chunk := await stream.read(READ_CHUNK):
         capture.feed(chunk)
+
+
+@dataclass
+class Captured:
+    """How a host process ended: its return code (None if it had to be killed and was not reaped), both
+    captured streams, and whether its timeout struck. ``pgid`` is its process group."""
+
+    returncode: int | None
+    out: OutputCapture
+    err: OutputCapture
+    timed_out: bool
+    pgid: int
+
+
+async def run_captured(
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    cwd: str | Path | None,
+    timeout_s: float,
+    max_output_chars: int,
+    groups: set[int],
+    before_kill: Callable[[], Awaitable[None]] | None = None,
+    on_cancel: Callable[[], None] | None = None,
+) -> Captured:
+    """Run ``argv`` in its own process group (stdin /dev/null), capturing stdout and stderr bounded.
+
+    The group is added to ``groups`` (the caller's record of what ``close()`` must kill) and left there;
+    callers drop it when nothing of it can remain. On timeout ``before_kill`` runs (e.g. a kill inside a
+    container), then the group is SIGKILLed. Background children may hold the pipes after the command
+    exits: they are read for ``DRAIN_GRACE_S`` more, then no longer. If the caller is cancelled
+    mid-command the group is killed and ``on_cancel`` called (it must not block).
+    """
+    loop = asyncio.get_running_loop()
+    try:
+        transport, protocol = await loop.subprocess_exec(
+            lambda: ExitAwareProtocol(READ_CHUNK, loop),
+            *argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,  # own process group: a timeout can kill every child at once
+        )
+    except OSError as exc:
+        raise SessionFailure("env_lost", f"cannot start {argv[0]}: {exc}") from exc
+    pgid = transport.get_pid()
+    groups.add(pgid)
+    out, err = OutputCapture(max_output_chars), OutputCapture(max_output_chars)
+    pumps = [
+        asyncio.create_task(pump_into(protocol.stdout, out)),
+        asyncio.create_task(pump_into(protocol.stderr, err)),
+    ]
+    timed_out = False
+    try:
+        await asyncio.wait([protocol.exited], timeout=timeout_s)
+        if not protocol.exited.done():
+            timed_out = True
+            if before_kill is not None:
+                await before_kill()
+            kill_group(pgid)
+            await asyncio.wait([protocol.exited], timeout=DRAIN_GRACE_S)
+        await asyncio.wait(pumps, timeout=DRAIN_GRACE_S)
+    finally:
+        for pump in pumps:
+            pump.cancel()
+        if transport.get_returncode() is None:
+            kill_group(pgid)  # cancelled mid-command: nothing may outlive the caller's interest
+            if on_cancel is not None:
+                on_cancel()
+        else:
+            transport.close()
+    return Captured(transport.get_returncode(), out, err, timed_out, pgid)
 
 
 def read_regular_file(path: Path) -> bytes:

@@ -49,12 +49,10 @@ from raygen.envs.processes import (
     EXEC_ID_VAR,
     KILL_BY_EXEC_ID_SCRIPT,
     MAX_READ_BYTES,
-    READ_CHUNK,
     TIMEOUT_EXIT_CODE,
-    ExitAwareProtocol,
     kill_group,
-    pump_into,
     read_regular_file,
+    run_captured,
     write_file,
 )
 from raygen.envs.singularity_images import find_executable, resolve_image
@@ -268,45 +266,20 @@ class SingularityEnvironment(Environment):
                 Path(self.cwd).mkdir(parents=True, exist_ok=True)
         exec_id = secrets.token_hex(8)
         env = {**self._process_env, **self._container_vars, f"APPTAINERENV_{EXEC_ID_VAR}": exec_id}
-        loop = asyncio.get_running_loop()
         started = time.monotonic()
-        try:
-            transport, protocol = await loop.subprocess_exec(
-                lambda: ExitAwareProtocol(READ_CHUNK, loop),
-                *self._exec_argv(self.cwd, "sh", "-c", command),
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=env, start_new_session=True,
-            )  # fmt: skip
-        except OSError as exc:
-            raise SessionFailure("env_lost", f"cannot run {self._executable}: {exc}") from exc
-        pgid = transport.get_pid()
-        self._process_groups.add(pgid)
-        out, err = OutputCapture(max_output_chars), OutputCapture(max_output_chars)
-        pumps = [
-            asyncio.create_task(pump_into(protocol.stdout, out)),
-            asyncio.create_task(pump_into(protocol.stderr, err)),
-        ]
-        timed_out = False
-        try:
-            await asyncio.wait([protocol.exited], timeout=timeout_s)
-            if not protocol.exited.done():
-                timed_out = True
-                await self._kill_in_instance(exec_id)
-                kill_group(pgid)
-                await asyncio.wait([protocol.exited], timeout=DRAIN_GRACE_S)
-            # Background children may still hold the pipes: read for a moment, then stop listening
-            # (they run on until close() stops the instance).
-            await asyncio.wait(pumps, timeout=DRAIN_GRACE_S)
-        finally:
-            for pump in pumps:
-                pump.cancel()
-            if transport.get_returncode() is None:  # cancelled mid-command
-                kill_group(pgid)
-                self._in_background(self._kill_in_instance(exec_id))
-            else:
-                transport.close()
-            self._process_groups.discard(pgid)
-        returncode = transport.get_returncode()
+        done = await run_captured(
+            self._exec_argv(self.cwd, "sh", "-c", command),
+            env=env,
+            cwd=None,
+            timeout_s=timeout_s,
+            max_output_chars=max_output_chars,
+            groups=self._process_groups,
+            before_kill=lambda: self._kill_in_instance(exec_id),
+            on_cancel=lambda: self._in_background(self._kill_in_instance(exec_id)),
+        )
+        # Whatever of the command is left runs inside the instance, which close() stops.
+        self._process_groups.discard(done.pgid)
+        returncode, out, err, timed_out = done.returncode, done.out, done.err, done.timed_out
         if returncode == APPTAINER_FAILED and not timed_out and not await self._instance_alive():
             raise SessionFailure(
                 "env_lost", f"instance {self.instance_name} is gone: {err.render()[0][-300:]}"

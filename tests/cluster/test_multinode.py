@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_runs import read_jsonl
 from ray_node import MARK_VARIABLE, NODES_PREFIX, free_port_block, marked_processes
 
 pytestmark = [pytest.mark.multinode, pytest.mark.ray, pytest.mark.slow]
@@ -192,10 +193,6 @@ def raygen_cmd(dataset: Path, config: Path, cluster: dict, *extra: str) -> list[
         cluster["address"],
         *extra,
     ]
-
-
-def read_jsonl(paths) -> list[dict]:
-    return [json.loads(line) for p in sorted(paths) for line in Path(p).read_text().splitlines() if line]
 
 
 def final_records(run: Path) -> tuple[list[dict], list[dict]]:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_runs import read_jsonl
 from ray_node import MARK_VARIABLE, free_port_block, marked_processes
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.slow]
@@ -96,10 +97,6 @@ def write_config(path: Path, tmp: Path, run_name: str, latency_s: float, workers
     (tmp / "workdirs").mkdir(exist_ok=True)
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def read_jsonl(paths) -> list[dict]:
-    return [json.loads(line) for p in sorted(paths) for line in Path(p).read_text().splitlines() if line]
 
 
 def wait_gone(mark: str, timeout_s: float) -> list[str]:

@@ -6,13 +6,10 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from cli_runs import run_records, run_with_config, write_dataset
 from test_images import docker_skip_reason
 
 pytestmark = [pytest.mark.docker, pytest.mark.ray, pytest.mark.slow]
@@ -40,8 +37,7 @@ def test_run_with_per_row_images(tmp_path: Path):
         )
     rows.append({"id": "gone-0", "prompt": "this image does not exist", "image": MISSING})
     rows.append({"id": "gone-1", "prompt": "neither does this one", "image": MISSING})
-    dataset = tmp_path / "prompts.jsonl"
-    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dataset = write_dataset(tmp_path / "prompts.jsonl", rows)
     log = tmp_path / "sim.jsonl"
     config = {
         "sim": {"latency_s": 0.01, "log_path": str(log)},
@@ -49,19 +45,10 @@ def test_run_with_per_row_images(tmp_path: Path):
         "ray": {"workers": 2, "sessions_per_worker": 4},
         "output": {"output_dir": str(tmp_path / "runs"), "run_name": "docker-e2e"},
     }
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    proc = subprocess.run(
-        [sys.executable, "-m", "raygen.cli", "run", str(dataset), "--config", str(tmp_path / "run.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=dict(os.environ),
-    )
+    proc = run_with_config(dataset, config, tmp_path / "run.yaml")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    run = tmp_path / "runs" / "docker-e2e"
-    kept = [json.loads(x) for p in run.glob("data/*.jsonl") for x in p.read_text().splitlines()]
-    failed = [json.loads(x) for p in run.glob("failed/*.jsonl") for x in p.read_text().splitlines()]
-    rejected = [json.loads(x) for p in run.glob("rejected/*.jsonl") for x in p.read_text().splitlines()]
+    records = run_records(tmp_path / "runs" / "docker-e2e")
+    kept, failed, rejected = records["kept"], records["failed"], records["rejected"]
 
     assert sorted(r["id"] for r in failed) == ["gone-0", "gone-1"]
     for r in failed:
