@@ -99,6 +99,13 @@ def write_config(path: Path, tmp: Path, run_name: str, latency_s: float, workers
     return path
 
 
+def submit(flag: str, *, out: Path, config: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """``sbatch FLAG`` of the unchanged launcher on two nodes, on the example prompts."""
+    argv = ["sbatch", flag, "--nodes=2", f"--output={out}", str(SBATCH), str(EXAMPLES)]
+    argv += ["--config", str(config)]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+
+
 def wait_gone(mark: str, timeout_s: float) -> list[str]:
     """The job's processes still alive after up to ``timeout_s`` (empty: all gone)."""
     deadline = time.monotonic() + timeout_s
@@ -113,22 +120,7 @@ def test_sbatch_runs_the_dataset_on_two_nodes_and_cleans_up(slurm, tmp_path):
     env["RAYGEN_HEAD_SANDBOXES"] = "0"
     config = write_config(tmp_path / "run.yaml", tmp_path, "slurm", latency_s=0.05, workers=1)
     out = tmp_path / "job.out"
-    proc = subprocess.run(
-        [
-            "sbatch",
-            "--wait",
-            "--nodes=2",
-            f"--output={out}",
-            str(SBATCH),
-            str(EXAMPLES),
-            "--config",
-            str(config),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
+    proc = submit("--wait", out=out, config=config, env=env, timeout=900)
     log = out.read_text() if out.exists() else ""
     assert proc.returncode == 0, f"{proc.stderr}\n{log[-6000:]}"
     assert "raygen exited with code 0" in log
@@ -152,22 +144,7 @@ def test_scancel_mid_run_leaves_no_ray_process(slurm, tmp_path):
     # Slow model calls: the run lasts well beyond its first finished session.
     config = write_config(tmp_path / "run.yaml", tmp_path, "cancelled", latency_s=1.5)
     out = tmp_path / "job.out"
-    proc = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            "--nodes=2",
-            f"--output={out}",
-            str(SBATCH),
-            str(EXAMPLES),
-            "--config",
-            str(config),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    proc = submit("--parsable", out=out, config=config, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip().split(";")[0]
     shards = tmp_path / "runs" / "cancelled" / "shards"
