@@ -13,6 +13,7 @@ With 2 workers of 4 sessions each (one actor = 4 sandboxes), a `local` run must 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import secrets
@@ -30,6 +31,9 @@ import pytest
 import yaml
 from cli_runs import read_jsonl
 from ray_node import MARK_VARIABLE, NODES_PREFIX, free_port_block, marked_processes
+
+NODE_VARIABLE = "RAYGEN_TEST_NODE"
+"""Names the node a process belongs to (Ray workers inherit their raylet's environment)."""
 
 pytestmark = [pytest.mark.multinode, pytest.mark.ray, pytest.mark.slow]
 
@@ -78,9 +82,13 @@ def start_node(name: str, index: int, cluster: dict) -> subprocess.Popen:
         ["bash", "-c", retry, "ray-node", sys.executable, str(RAY_NODE), *args],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=cluster["env"],
+        env={**cluster["env"], NODE_VARIABLE: node_tag(cluster, name)},  # inherited by its Ray workers
         start_new_session=True,
     )
+
+
+def node_tag(cluster: dict, name: str) -> str:
+    return f"{cluster['mark']}-{name}"
 
 
 def wait_nodes(cluster: dict, count: int) -> list[dict]:
@@ -274,7 +282,7 @@ def test_a_worker_node_killed_mid_run_loses_no_prompt(cluster, tmp_path):
         )
         time.sleep(0.3)
     assert victim is not None, (tmp_path / "raygen.log").read_text()[-4000:]
-    os.killpg(cluster["procs"][victim].pid, signal.SIGKILL)  # the node dies with everything on it
+    kill_node(cluster, victim)  # the node dies with everything on it
     killed_at = datetime.now(UTC)
     done_at_kill = len(read_jsonl(run.glob("shards/*.jsonl")))
     assert done_at_kill < len(rows), "the run finished before the kill: nothing was tested"
@@ -304,6 +312,35 @@ def test_a_worker_node_killed_mid_run_loses_no_prompt(cluster, tmp_path):
     on_victim = [r for r in kept if r["env"]["node"] == ids[victim]]
     assert all(datetime.fromisoformat(r["timing"]["ended_at"]) <= killed_at for r in on_victim)
     assert not marked_processes_of(cluster, victim)
+
+
+def kill_node(cluster: dict, name: str) -> None:
+    """SIGKILL one node: its process group, its descendants and every process carrying its tag. The group
+    alone was not enough once: a session actor outlived its raylet by seconds (under load) and still
+    delivered results, so "killed" must mean every process of the node at once."""
+    leader = cluster["procs"][name].pid
+    tag = f"{NODE_VARIABLE}={node_tag(cluster, name)}".encode()
+    parents: dict[int, int] = {}
+    tagged: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if tag in (entry / "environ").read_bytes().split(b"\0"):
+                tagged.add(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    tree, frontier = {leader}, [leader]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier and child not in tree]
+        tree.update(children)
+        frontier = children
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(leader, signal.SIGKILL)
+    for pid in tree | tagged:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def marked_processes_of(cluster: dict, name: str) -> list[str]:
