@@ -43,6 +43,7 @@ def run(ctx: Context) -> list[Row]:
             ctx, "scale", dataset, config, base_url=sim.url, timeout_s=latency * 8 + 600, pss=True
         )
         sim_stats = sim.stats()
+    with Sim(SimConfig(latency_s=latency)) as sim:  # the pool's own simulator: sim_peak_rss is raygen's only
         pool = _pool_wave(ctx, sim.url, got.measured.sampler.peak_rss, latency)
     times, sampler = got.times, got.measured.sampler
     session_s = CALLS_PER_SESSION * latency
@@ -67,7 +68,7 @@ def run(ctx: Context) -> list[Row]:
         "peak_breakdown": sampler.peak_breakdown,
     }
     ctx.results["scale"]["pool"] = pool
-    pool_ratio = times.rate / pool["rate"]
+    pool_ratio = times.rate / pool["rate"] if pool["rate"] > 0 else float("inf")
     scenario = f"{sessions} sessions at {latency:.0f} s latency ({workers}x{per_worker})"
     return [
         Row(

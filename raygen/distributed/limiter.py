@@ -452,6 +452,3 @@ class RateLimiter:
             hist.samples = hist.samples[::2]
             hist.every_s *= 2
         hist.next_at = now + hist.every_s
-
-
-# ------------------------------------------------------------------------ provider headers

@@ -37,7 +37,7 @@ from typing import Any
 from raygen.config import DockerEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
 from raygen.envs.capture import OutputCapture, exec_result
-from raygen.envs.docker_stream import open_exec_stream
+from raygen.envs.docker_stream import open_exec_stream, read_exec_output
 from raygen.envs.images import (
     LABEL_OWNER_HOST,
     LABEL_OWNER_PID,
@@ -86,11 +86,6 @@ def _drain(stream: Any, out: OutputCapture, err: OutputCapture) -> Exception | N
     except Exception as exc:
         return exc
     return None
-
-
-def _read_all(api: Any, exec_id: str) -> bytes:
-    """Blocking: run a helper exec to its end; its stdout and stderr together."""
-    return b"".join(out or err or b"" for out, err in open_exec_stream(api, exec_id))
 
 
 def _close_stream(stream: Any) -> None:
@@ -245,7 +240,7 @@ class DockerEnvironment(Environment):
         """Run a helper command to its end; its exit code and stdout+stderr."""
         exec_id = await self._exec_create(argv, user=user, internal=internal)
         try:
-            output = await run_blocking(self.config, _read_all, self._client.api, exec_id)
+            output = await run_blocking(self.config, read_exec_output, self._client.api, exec_id)
             info = await run_blocking(self.config, self._client.api.exec_inspect, exec_id)
         except (self._docker.errors.DockerException, OSError) as exc:
             raise self._lost(exc) from exc

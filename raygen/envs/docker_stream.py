@@ -24,9 +24,35 @@ _STDOUT, _STDERR = 1, 2
 
 def open_exec_stream(api: Any, exec_id: str) -> Any:
     """Start exec ``exec_id`` (created without a TTY) and return a closable iterator of
-    ``(stdout_chunk, stderr_chunk)`` pairs, one of them ``None``, like ``exec_start(demux=True)``."""
+    ``(stdout_chunk, stderr_chunk)`` pairs, one of them ``None``, like ``exec_start(demux=True)``.
+    ``close()`` (from another thread) shuts the socket down, which ends a read blocked in it."""
     from docker.types.daemon import CancellableStream
 
+    if _over_ssh(api):
+        return api.exec_start(exec_id, stream=True, demux=True)
+    response, reader = _start(api, exec_id)
+    return CancellableStream(_frames(reader), response)
+
+
+def read_exec_output(api: Any, exec_id: str) -> bytes:
+    """Start exec ``exec_id`` and read it to its end: stdout and stderr together. Unlike the stream above,
+    a connection that breaks raises (``OSError``) instead of ending the output early."""
+    if _over_ssh(api):
+        return api.exec_start(exec_id) or b""
+    response, reader = _start(api, exec_id)
+    try:
+        return b"".join(out or err or b"" for out, err in _frames(reader))
+    finally:
+        response.close()
+
+
+def _over_ssh(api: Any) -> bool:
+    # Over paramiko the reply has no buffered reader to take the frames from; docker-py's own reader
+    # (with its race) is all there is.
+    return str(getattr(api, "base_url", "")).startswith("http+docker://ssh")
+
+
+def _start(api: Any, exec_id: str) -> tuple[Any, Any]:
     response = api._post_json(
         api._url("/exec/{0}/start", exec_id),
         headers={"Connection": "Upgrade", "Upgrade": "tcp"},
@@ -37,8 +63,7 @@ def open_exec_stream(api: Any, exec_id: str) -> Any:
     reader = response.raw._fp.fp  # the buffered reader that may already hold the first frames
     # A command may stay silent for longer than the client's request timeout; its end is our signal.
     api._disable_socket_timeout(reader.raw)
-    # close() (from another thread) shuts the socket down, which ends a read blocked in _frames.
-    return CancellableStream(_frames(reader), response)
+    return response, reader
 
 
 def _frames(reader: Any) -> Iterator[tuple[bytes | None, bytes | None]]:

@@ -92,14 +92,17 @@ async def run_captured(
     groups: set[int],
     before_kill: Callable[[], Awaitable[None]] | None = None,
     on_cancel: Callable[[], None] | None = None,
+    keep_group: bool = True,
 ) -> Captured:
     """Run ``argv`` in its own process group (stdin /dev/null), capturing stdout and stderr bounded.
 
-    The group is added to ``groups`` (the caller's record of what ``close()`` must kill) and left there;
-    callers drop it when nothing of it can remain. On timeout ``before_kill`` runs (e.g. a kill inside a
-    container), then the group is SIGKILLed. Background children may hold the pipes after the command
-    exits: they are read for ``DRAIN_GRACE_S`` more, then no longer. If the caller is cancelled
-    mid-command the group is killed and ``on_cancel`` called (it must not block).
+    The group is added to ``groups`` (the caller's record of what ``close()`` must kill). With
+    ``keep_group`` it stays there (callers drop it when nothing of it can remain); without, it is dropped
+    however the call ends, so a reaped group's id, which the system may reuse, is never killed later.
+    On timeout ``before_kill`` runs (e.g. a kill inside a container), then the group is SIGKILLed.
+    Background children may hold the pipes after the command exits: they are read for ``DRAIN_GRACE_S``
+    more, then no longer. If the caller is cancelled mid-command the group is killed and ``on_cancel``
+    called (it must not block).
     """
     loop = asyncio.get_running_loop()
     try:
@@ -141,6 +144,8 @@ async def run_captured(
                 on_cancel()
         else:
             transport.close()
+        if not keep_group:
+            groups.discard(pgid)
     return Captured(transport.get_returncode(), out, err, timed_out, pgid)
 
 

@@ -276,9 +276,8 @@ class SingularityEnvironment(Environment):
             groups=self._process_groups,
             before_kill=lambda: self._kill_in_instance(exec_id),
             on_cancel=lambda: self._in_background(self._kill_in_instance(exec_id)),
+            keep_group=False,  # whatever of the command is left runs in the instance, which close() stops
         )
-        # Whatever of the command is left runs inside the instance, which close() stops.
-        self._process_groups.discard(done.pgid)
         returncode, out, err, timed_out = done.returncode, done.out, done.err, done.timed_out
         if returncode == APPTAINER_FAILED and not timed_out and not await self._instance_alive():
             raise SessionFailure(

@@ -315,32 +315,43 @@ def test_a_worker_node_killed_mid_run_loses_no_prompt(cluster, tmp_path):
 
 
 def kill_node(cluster: dict, name: str) -> None:
-    """SIGKILL one node: its process group, its descendants and every process carrying its tag. The group
-    alone was not enough once: a session actor outlived its raylet by seconds (under load) and still
-    delivered results, so "killed" must mean every process of the node at once."""
+    """SIGKILL one node: its process group, its descendants and every process carrying its tag, pass after
+    pass until none is left (a raylet may start a worker meanwhile). The group alone was not enough once:
+    Ray runs workers in their own process groups, and a session actor outlived its raylet by seconds
+    (under load) and still delivered results, so "killed" must mean every process of the node at once."""
     leader = cluster["procs"][name].pid
     tag = f"{NODE_VARIABLE}={node_tag(cluster, name)}".encode()
-    parents: dict[int, int] = {}
-    tagged: set[int] = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if tag in (entry / "environ").read_bytes().split(b"\0"):
-                tagged.add(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    tree, frontier = {leader}, [leader]
-    while frontier:
-        children = [child for child, parent in parents.items() if parent in frontier and child not in tree]
-        tree.update(children)
-        frontier = children
     with contextlib.suppress(ProcessLookupError):
         os.killpg(leader, signal.SIGKILL)
-    for pid in tree | tagged:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    for _ in range(20):
+        parents: dict[int, int] = {}
+        doomed: set[int] = set()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if fields[0] in ("Z", "X"):
+                    continue  # dead already, only not reaped
+                parents[int(entry.name)] = int(fields[1])
+                if tag in (entry / "environ").read_bytes().split(b"\0"):
+                    doomed.add(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+        frontier = [leader, *doomed]
+        while frontier:
+            children = [
+                child for child, parent in parents.items() if parent in frontier and child not in doomed
+            ]
+            doomed.update(children)
+            frontier = children
+        doomed &= parents.keys()  # alive ones only
+        if not doomed:
+            return
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
 
 
 def marked_processes_of(cluster: dict, name: str) -> list[str]:
