@@ -105,35 +105,26 @@ def run(ctx: Context) -> list[Row]:
                     runs["raygen"].append(
                         Figures.of(f"raygen {WORKERS}x{SESSIONS_PER_WORKER}", got.measured, got.times)
                     )
-                elif runner == "asyncio":
-                    dataset = write_prompts(data / f"{tag}.jsonl", sessions, toolsets=["terminal"], tag=tag)
-                    m, t = run_baseline(
-                        ctx,
-                        f"tp-{tag}",
-                        "asyncio",
-                        dataset,
-                        concurrency=CONCURRENCY,
-                        base_url=sim.url,
-                        timeout_s=900,
-                        pss=True,
-                    )
-                    runs["asyncio"].append(Figures.of(f"asyncio, {CONCURRENCY} at once", m, t))
                 else:
-                    if not pool_size:
-                        pool_size = equal_memory_pool(ctx, sim.url, max(f.rss for f in runs["raygen"]))
-                    count = max(60, pool_size * per_process)
+                    if runner == "asyncio":
+                        count, concurrency, label = sessions, CONCURRENCY, f"asyncio, {CONCURRENCY} at once"
+                    else:
+                        if not pool_size:
+                            pool_size = equal_memory_pool(ctx, sim.url, max(f.rss for f in runs["raygen"]))
+                        count, concurrency = max(60, pool_size * per_process), pool_size
+                        label = f"process pool, {pool_size} processes"
                     dataset = write_prompts(data / f"{tag}.jsonl", count, toolsets=["terminal"], tag=tag)
                     m, t = run_baseline(
                         ctx,
                         f"tp-{tag}",
-                        "pool",
+                        runner,
                         dataset,
-                        concurrency=pool_size,
+                        concurrency=concurrency,
                         base_url=sim.url,
                         timeout_s=900,
                         pss=True,
                     )
-                    runs["pool"].append(Figures.of(f"process pool, {pool_size} processes", m, t))
+                    runs[runner].append(Figures.of(label, m, t))
                 ctx.log(
                     f"throughput {tag}: {runs[runner][-1].rate:.1f} sessions/s; {runs[runner][-1].note()}"
                 )

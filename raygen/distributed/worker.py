@@ -38,12 +38,12 @@ class SessionWorker:
             sampling=cfg.sampling,
             sim=cfg.sim,
             base_url=plan.base_url,
-            api_key=plan.api_key.get_secret_value(),
+            api_key=api_key,
             gate=gate,
         )
         secrets = [s.get_secret_value() for s in plan.secret_values]
-        if plan.api_key.get_secret_value():
-            secrets.append(plan.api_key.get_secret_value())
+        if api_key:
+            secrets.append(api_key)
         self.runner = SessionRunner(
             model=self.model,
             registry=load_registry(cfg.tools.plugins),
