@@ -33,6 +33,16 @@ class SimConfig(_Section):
     """Uniform jitter added to (or taken from) the latency, in seconds."""
     rate_limit_rpm: float | None = None
     """Hard request-rate limit (requests per minute); requests over it get 429 with Retry-After."""
+    rate_limit_tpm: float | None = None
+    """Hard token-rate limit (prompt + completion tokens per minute, charged on arrival); requests over it
+    get 429 with Retry-After."""
+    rate_limit_kind: Literal["token_bucket", "fixed_window", "sliding_window"] = "token_bucket"
+    """How the limits are counted, as providers do: a token bucket (refills continuously, holds
+    ``rate_limit_burst``), fixed windows of ``rate_limit_window_s`` aligned to the clock (the count resets
+    at each boundary), or a sliding window (any ``rate_limit_window_s`` interval holds at most its share)."""
+    rate_limit_window_s: float = Field(60.0, gt=0)
+    """Length of a fixed or sliding window, in seconds; each window admits ``rpm * window_s / 60``
+    requests (and likewise tokens)."""
     rate_limit_burst: float | None = None
     """Burst capacity of the rate limit's token bucket (requests); unset: one second's worth of the rate,
     at least 1."""
@@ -316,6 +326,13 @@ class OutputConfig(_Section):
     """... or after this many seconds, whichever comes first."""
     data_shard_records: int = Field(10_000, ge=1)
     """Records per merged ``data/`` shard (Parquet and JSONL)."""
+    format: Literal["raygen", "hermes"] = "raygen"
+    """``hermes`` also writes the kept sessions to ``RUN_DIR/trajectories.jsonl`` in the format of Hermes
+    Agent's ``batch_runner.py``, and adds its keys to ``statistics.json``, so a pipeline reading that runner's
+    output reads raygen's unchanged (docs/migrating-from-hermes.md). ``data/`` keeps raygen's full records."""
+    hermes_tools: list[str] | None = None
+    """The fixed tool list of ``tool_stats``/``tool_error_counts`` in Hermes-format records (every record
+    has exactly these keys); unset: the reference runner's tool names plus this run's tools."""
 
 
 class RayConfig(_Section):

@@ -1,8 +1,9 @@
 """The simulator's HTTP face: an OpenAI-compatible chat-completions server on aiohttp.
 
 Routes: ``POST /v1/chat/completions`` (non-streaming), ``GET /v1/models``, ``GET /sim/stats`` and
-``POST /sim/reset``. Realism knobs come from ``SimConfig``: latency with jitter, a hard request-rate
-limit (429 with ``Retry-After``), a share of 5xx answers, and per-session hallucination and reasoning
+``POST /sim/reset``. Realism knobs come from ``SimConfig``: latency with jitter, hard request and token
+rate limits counted as a token bucket or fixed or sliding windows (429 with ``Retry-After``;
+``raygen.sim.limits``), a share of 5xx answers, and per-session hallucination and reasoning
 choices (in ``raygen.sim.policy``). Model names starting with ``nonexistent`` get 404.
 
 Three ways to run it: ``async with SimServer(cfg)`` on the current loop, ``start_in_thread`` (own
@@ -31,49 +32,13 @@ from typing import Any
 from aiohttp import web
 
 from raygen.config import SimConfig
+from raygen.sim.limits import RateLimits
 from raygen.sim.policy import count_assistant_turns, first_user_text, is_nonexistent_model, respond
 
 URL_LINE_PREFIX = "RAYGEN_SIM_URL="
 """First stdout line of ``python -m raygen.sim``: the bound base URL."""
 SIM_MODEL_ID = "raygen-sim"
 _HISTOGRAM_SECONDS = 3600  # accepted-per-second buckets kept in /sim/stats
-
-
-class TokenBucket:
-    """Hard rate limit: ``rpm / 60`` tokens per second, at most ``burst`` stored; one per request."""
-
-    def __init__(self, rpm: float, burst: float | None = None, clock: Callable[[], float] = time.monotonic):
-        self.rate = rpm / 60.0
-        self.capacity = max(1.0, burst if burst is not None else self.rate)
-        self.limit = max(1, round(rpm))
-        self._clock = clock
-        self.reset()
-
-    def reset(self) -> None:
-        self.tokens = self.capacity
-        self._stamp = self._clock()
-
-    def _refill(self) -> None:
-        now = self._clock()
-        self.tokens = min(self.capacity, self.tokens + (now - self._stamp) * self.rate)
-        self._stamp = now
-
-    def try_take(self) -> float:
-        """Take a token; return 0.0 on success, else the seconds until one is available."""
-        self._refill()
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return 0.0
-        return (1.0 - self.tokens) / self.rate
-
-    def headers(self) -> dict[str, str]:
-        """OpenAI-style ``x-ratelimit-*`` headers (reset: time until the bucket is full again)."""
-        full_in_ms = math.ceil(max(0.0, self.capacity - self.tokens) / self.rate * 1000)
-        return {
-            "x-ratelimit-limit-requests": str(self.limit),
-            "x-ratelimit-remaining-requests": str(int(self.tokens)),
-            "x-ratelimit-reset-requests": f"{full_in_ms}ms",
-        }
 
 
 class SimStats:
@@ -142,9 +107,8 @@ class SimServer:
         self.cfg = cfg
         self.stats = SimStats()
         self._rng = random.Random(cfg.seed)
-        self._bucket = (
-            TokenBucket(cfg.rate_limit_rpm, cfg.rate_limit_burst) if cfg.rate_limit_rpm is not None else None
-        )
+        limited = cfg.rate_limit_rpm is not None or cfg.rate_limit_tpm is not None
+        self._limits = RateLimits(cfg) if limited else None
         self._log = RequestLog(cfg.log_path) if cfg.log_path is not None else None
         self._flusher: asyncio.Task | None = None
         self._runner: web.AppRunner | None = None
@@ -193,10 +157,10 @@ class SimServer:
         await self.stop()
 
     def reset(self) -> None:
-        """Zero the counters and refill the rate-limit bucket."""
+        """Zero the counters and the rate limits' counts."""
         self.stats.reset()
-        if self._bucket is not None:
-            self._bucket.reset()
+        if self._limits is not None:
+            self._limits.reset()
 
     async def _models(self, request: web.Request) -> web.Response:
         model = {"id": SIM_MODEL_ID, "object": "model", "created": 0, "owned_by": "raygen"}
@@ -247,9 +211,14 @@ class SimServer:
 
         # The rate limit is checked on arrival, like a provider's gateway, before any simulated work.
         headers: dict[str, str] = {}
-        if self._bucket is not None:
-            wait_s = self._bucket.try_take()
-            headers = self._bucket.headers()
+        reply = None
+        if self._limits is not None:
+            tokens = 0.0
+            if self._limits.counts_tokens:  # charged on arrival: prompt + the completion it will get
+                reply = respond(body, self.cfg)
+                tokens = reply.prompt_tokens + reply.completion_tokens
+            wait_s = self._limits.try_admit(tokens)
+            headers = self._limits.headers()
             if wait_s > 0:
                 headers["Retry-After"] = str(max(1, math.ceil(wait_s)))
                 headers["retry-after-ms"] = str(math.ceil(wait_s * 1000))
@@ -286,7 +255,7 @@ class SimServer:
             self._record(fail_status, body, None, [])
             return _error(fail_status, "Simulated server error", "server_error", None, headers)
 
-        reply = respond(body, self.cfg)
+        reply = reply or respond(body, self.cfg)
         self.stats.prompt_tokens += reply.prompt_tokens
         self.stats.completion_tokens += reply.completion_tokens
         calls = [tc["function"]["name"] for tc in reply.message.get("tool_calls", ())]

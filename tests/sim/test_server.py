@@ -12,7 +12,7 @@ import pytest
 
 from raygen.config import SimConfig
 from raygen.sim.policy import plan_for
-from raygen.sim.server import SimServer, TokenBucket, start_in_thread, start_subprocess
+from raygen.sim.server import SimServer, start_in_thread, start_subprocess
 
 FAKE_KEY = "sk-test-SECRET123"
 TOOLS = [
@@ -102,18 +102,6 @@ async def test_rate_limit_answers_429_with_retry_after():
         stats = sim.stats.snapshot()
         assert (stats["requests"], stats["ok"], stats["429"]) == (3, 2, 1)
         assert sum(stats["accepted_per_second"].values()) == 2
-
-
-def test_token_bucket_refills_at_the_configured_rate():
-    now = [100.0]
-    bucket = TokenBucket(rpm=120, clock=lambda: now[0])  # 2 per second, burst defaults to 2
-    assert bucket.try_take() == 0.0 and bucket.try_take() == 0.0
-    assert bucket.try_take() == pytest.approx(0.5)
-    now[0] += 0.5
-    assert bucket.try_take() == 0.0
-    now[0] += 100  # never more than the burst is stored
-    assert [bucket.try_take() for _ in range(3)][:2] == [0.0, 0.0]
-    assert TokenBucket(rpm=6).capacity == 1.0  # under one per second the burst is at least 1
 
 
 async def test_error_rate_and_stats_reset():
