@@ -89,7 +89,7 @@ class TokenBucket:
 
 
 class FixedWindow:
-    """At most ``per_minute * window_s / 60`` per window ``[k * window_s, (k + 1) * window_s)`` of the clock."""
+    """At most ``per_minute * window_s / 60`` per window ``[k * window_s, (k + 1) * window_s)`` (clock)."""
 
     def __init__(self, per_minute: float, window_s: float, clock: Callable[[], float] = time.monotonic):
         self.window_s = window_s
