@@ -13,7 +13,20 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from raygen.configfile import load_config, set_path
+from raygen.cli_options import (
+    ConfigSources,
+    DatasetArg,
+    FilterHallucinated,
+    FilterIncomplete,
+    FilterReasoning,
+    FilterUnsafe,
+    Opt,
+    RunDirArg,
+    Sets,
+    ToolsetPlugins,
+    flag_overrides,
+)
+from raygen.configfile import load_config
 from raygen.errors import ConfigError, InputError
 
 app = typer.Typer(
@@ -24,116 +37,90 @@ app.add_typer(sim_app, name="sim")
 out = Console()
 err = Console(stderr=True)
 
-Opt = typer.Option
-
 
 def _fail(exc: Exception) -> None:
-    err.print(f"[bold red]error[/]: {exc}", highlight=False)
+    err.print(f"[bold red]error[/]: {exc}", highlight=False, soft_wrap=True)
     if isinstance(exc, InputError):
         for problem in exc.problems:
             err.print(f"  {problem}", highlight=False, markup=False)
     raise typer.Exit(2)
 
 
-def _overrides(pairs: dict[str, Any]) -> dict[str, Any]:
-    data: dict[str, Any] = {}
-    for dotted, value in pairs.items():
-        if value is not None:
-            set_path(data, dotted, value)
-    return data
-
-
 @app.command()
 def run(
-    dataset: Annotated[Path, typer.Argument(help="Prompts JSONL.")],
-    config: Annotated[Path | None, Opt("--config", "-c", help="YAML config; flags override it.")] = None,
+    dataset: DatasetArg,
+    config: ConfigSources = None,
     base_url: Annotated[
-        str | None, Opt(help="OpenAI-compatible endpoint; unset: built-in simulator.")
+        str | None,
+        Opt(help="OpenAI-compatible endpoint; unset: the built-in simulator."),
+        Sets("model.base_url"),
     ] = None,
-    model: Annotated[str | None, Opt(help="Model name.")] = None,
-    api_key_env: Annotated[str | None, Opt(help="Variable holding the API key [OPENAI_API_KEY].")] = None,
-    scripted: Annotated[bool, Opt(help="Use the in-process scripted model (no HTTP).")] = False,
-    max_turns: Annotated[int | None, Opt(help="Most model calls per session [10].")] = None,
-    max_tokens: Annotated[int | None, Opt(help="Completion token limit per call.")] = None,
-    temperature: Annotated[float | None, Opt(help="Sampling temperature.")] = None,
-    seed: Annotated[int | None, Opt(help="Sampling seed sent to the provider.")] = None,
-    run_seed: Annotated[int | None, Opt(help="Seed of the per-prompt toolset draw [0].")] = None,
-    extra_body: Annotated[str | None, Opt(help="JSON object merged into every request body.")] = None,
-    system_prompt: Annotated[str | None, Opt(help="System prompt text.")] = None,
-    system_prompt_file: Annotated[Path | None, Opt(help="File holding the system prompt.")] = None,
-    distribution: Annotated[str | None, Opt(help="Toolset distribution name or YAML file [default].")] = None,
-    env: Annotated[str | None, Opt("--env", help="Environment backend: local, fake, docker [local].")] = None,
-    bwrap: Annotated[bool | None, Opt(help="Confine local sessions with bubblewrap.")] = None,
-    workers: Annotated[int | None, Opt(help="Session actors [2].")] = None,
-    sessions_per_worker: Annotated[int | None, Opt(help="Concurrent sessions per actor [16].")] = None,
-    ray_address: Annotated[str | None, Opt(help="Join this Ray cluster instead of starting one.")] = None,
-    rpm: Annotated[float | None, Opt(help="Cluster-wide requests per minute.")] = None,
-    tpm: Annotated[float | None, Opt(help="Cluster-wide tokens per minute.")] = None,
-    max_in_flight: Annotated[int | None, Opt(help="Cluster-wide requests in flight.")] = None,
-    output_dir: Annotated[Path | None, Opt(help="Parent folder of runs [runs].")] = None,
-    run_name: Annotated[str | None, Opt(help="Run folder name [dataset name + timestamp].")] = None,
-    limit: Annotated[int | None, Opt(help="Only the first N valid rows.")] = None,
+    model: Annotated[str | None, Opt(help="Model name."), Sets("model.model")] = None,
+    api_key_env: Annotated[
+        str | None, Opt(help="Variable holding the API key [OPENAI_API_KEY]."), Sets("model.api_key_env")
+    ] = None,
+    max_turns: Annotated[
+        int | None, Opt(help="Most model calls per session [10]."), Sets("session.max_turns")
+    ] = None,
+    distribution: Annotated[
+        str | None,
+        Opt(help="Toolset distribution name or YAML file \\[default]."),
+        Sets("tools.distribution"),
+    ] = None,
+    env: Annotated[
+        str | None,
+        Opt("--env", help="Environment backend: local, docker, modal, singularity \\[local]."),
+        Sets("env.type"),
+    ] = None,
+    bwrap: Annotated[
+        bool | None, Opt(help="Confine local sessions with bubblewrap."), Sets("env.bwrap")
+    ] = None,
+    workers: Annotated[int | None, Opt(help="Session actors [2]."), Sets("ray.workers")] = None,
+    sessions_per_worker: Annotated[
+        int | None, Opt(help="Concurrent sessions per actor [16]."), Sets("ray.sessions_per_worker")
+    ] = None,
+    ray_address: Annotated[
+        str | None, Opt(help="Join this Ray cluster instead of starting one."), Sets("ray.address")
+    ] = None,
+    rpm: Annotated[float | None, Opt(help="Cluster-wide requests per minute."), Sets("governor.rpm")] = None,
+    output_dir: Annotated[
+        Path | None, Opt(help="Parent folder of runs \\[runs]."), Sets("output.output_dir")
+    ] = None,
+    run_name: Annotated[
+        str | None, Opt(help="Run folder name \\[dataset name + timestamp]."), Sets("output.run_name")
+    ] = None,
+    limit: Annotated[int | None, Opt(help="Only the first N valid rows."), Sets("limit")] = None,
     max_attempts: Annotated[
-        int | None, Opt(help="Attempts per sample on infrastructure failures [3].")
+        int | None,
+        Opt(help="Attempts per sample on infrastructure failures [3]."),
+        Sets("retry.max_attempts"),
     ] = None,
-    filter_reasoning: Annotated[bool | None, Opt("--filter-reasoning/--no-filter-reasoning")] = None,
-    filter_hallucinated: Annotated[bool | None, Opt("--filter-hallucinated/--no-filter-hallucinated")] = None,
-    filter_incomplete: Annotated[bool | None, Opt("--filter-incomplete/--no-filter-incomplete")] = None,
-    filter_unsafe: Annotated[bool | None, Opt("--filter-unsafe/--no-filter-unsafe")] = None,
+    filter_reasoning: FilterReasoning = None,
+    filter_hallucinated: FilterHallucinated = None,
+    filter_incomplete: FilterIncomplete = None,
+    filter_unsafe: FilterUnsafe = None,
     resume: Annotated[bool, Opt(help="Continue the run folder: only pending samples run.")] = False,
     force: Annotated[bool, Opt(help="Resume even if the generation config changed.")] = False,
-    dry_run: Annotated[bool, Opt(help="Validate and plan; run nothing.")] = False,
+    dry_run: Annotated[bool, Opt(help="Validate and plan; print the resolved config; run nothing.")] = False,
     allow_unsafe_local: Annotated[
         bool, Opt(help="Run needs_isolation rows on the bare local backend.")
     ] = False,
     verbose: Annotated[bool, Opt("--verbose", "-v")] = False,
 ) -> None:
-    """Validate DATASET, run every prompt as an agent session, and merge the results."""
+    """Validate DATASET, run every prompt as an agent session, and merge the results.
+
+    Any config field without a flag: -c key.path=value (docs/configuration.md), e.g.
+    -c sampling.temperature=0.7 -c session.system_prompt_file=system.txt -c model.type=scripted."""
+    overrides = flag_overrides(run, locals())
     from raygen.runner import run as run_job
 
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
-    try:
-        extra = json.loads(extra_body) if extra_body else None
-        if extra is not None and not isinstance(extra, dict):
-            raise ConfigError("--extra-body must be a JSON object")
-    except json.JSONDecodeError as exc:
-        _fail(ConfigError(f"--extra-body is not valid JSON: {exc}"))
-    overrides = _overrides(
-        {
-            "dataset": str(dataset),
-            "model.type": "scripted" if scripted else None,
-            "model.base_url": base_url,
-            "model.model": model,
-            "model.api_key_env": api_key_env,
-            "session.max_turns": max_turns,
-            "sampling.max_tokens": max_tokens,
-            "sampling.temperature": temperature,
-            "sampling.seed": seed,
-            "sampling.extra_body": extra,
-            "seed": run_seed,
-            "session.system_prompt": system_prompt,
-            "session.system_prompt_file": str(system_prompt_file) if system_prompt_file else None,
-            "tools.distribution": distribution,
-            "env.type": env,
-            "env.bwrap": bwrap,
-            "ray.workers": workers,
-            "ray.sessions_per_worker": sessions_per_worker,
-            "ray.address": ray_address,
-            "governor.rpm": rpm,
-            "governor.tpm": tpm,
-            "governor.max_in_flight": max_in_flight,
-            "output.output_dir": str(output_dir) if output_dir else None,
-            "output.run_name": run_name,
-            "limit": limit,
-            "retry.max_attempts": max_attempts,
-            "filters.no_reasoning": filter_reasoning,
-            "filters.hallucinated_tools": filter_hallucinated,
-            "filters.incomplete": filter_incomplete,
-            "filters.unsafe_actions": filter_unsafe,
-        }
-    )
+    if base_url is not None:
+        # An endpoint means the openai backend, even over a config file that chose another model type.
+        overrides["model"]["type"] = "openai"
+    overrides["dataset"] = str(dataset)
     try:
         cfg = load_config(config, overrides)
         if dry_run:
@@ -198,11 +185,9 @@ def _summary_rows(stats: dict[str, Any]) -> list[tuple[str, Any]]:
 
 @app.command()
 def validate(
-    dataset: Annotated[Path, typer.Argument(help="Prompts JSONL.")],
+    dataset: DatasetArg,
     as_json: Annotated[bool, Opt("--json", help="Print the report as JSON.")] = False,
-    plugins: Annotated[
-        list[str] | None, Opt("--toolset-plugin", help="Extra toolsets (module:attr).")
-    ] = None,
+    plugins: ToolsetPlugins = None,
     eval_set: Annotated[
         Path | None, Opt("--eval-set", help="Also report prompts that occur in this evaluation set.")
     ] = None,
@@ -237,11 +222,7 @@ def validate(
 
 
 @app.command()
-def distributions(
-    plugins: Annotated[
-        list[str] | None, Opt("--toolset-plugin", help="Extra toolsets (module:attr).")
-    ] = None,
-) -> None:
+def distributions(plugins: ToolsetPlugins = None) -> None:
     """List the built-in toolset distributions."""
     from raygen.tools.distributions import builtin_distributions
     from raygen.tools.registry import load_registry
@@ -256,23 +237,16 @@ def distributions(
 
 @app.command()
 def merge(
-    run_dir: Annotated[Path, typer.Argument(help="A run folder.")],
-    filter_reasoning: Annotated[bool | None, Opt("--filter-reasoning/--no-filter-reasoning")] = None,
-    filter_hallucinated: Annotated[bool | None, Opt("--filter-hallucinated/--no-filter-hallucinated")] = None,
-    filter_incomplete: Annotated[bool | None, Opt("--filter-incomplete/--no-filter-incomplete")] = None,
-    filter_unsafe: Annotated[bool | None, Opt("--filter-unsafe/--no-filter-unsafe")] = None,
+    run_dir: RunDirArg,
+    filter_reasoning: FilterReasoning = None,
+    filter_hallucinated: FilterHallucinated = None,
+    filter_incomplete: FilterIncomplete = None,
+    filter_unsafe: FilterUnsafe = None,
 ) -> None:
     """Re-run the filtered merge from the shards (no model calls), e.g. with other filters."""
+    overrides = flag_overrides(merge, locals()).get("filters", {})
     from raygen.run_dir import remerge
 
-    overrides = _overrides(
-        {
-            "no_reasoning": filter_reasoning,
-            "hallucinated_tools": filter_hallucinated,
-            "incomplete": filter_incomplete,
-            "unsafe_actions": filter_unsafe,
-        }
-    )
     try:
         result = remerge(run_dir, overrides)
     except (ConfigError, OSError) as exc:
@@ -284,7 +258,7 @@ def merge(
 
 
 @app.command()
-def status(run_dir: Annotated[Path, typer.Argument(help="A run folder.")]) -> None:
+def status(run_dir: RunDirArg) -> None:
     """Accounting of a run: total = kept + rejected + failed + pending."""
     from raygen.run_dir import run_status
 
@@ -299,7 +273,7 @@ def status(run_dir: Annotated[Path, typer.Argument(help="A run folder.")]) -> No
 
 
 @app.command()
-def clean(run_dir: Annotated[Path, typer.Argument(help="A run folder.")]) -> None:
+def clean(run_dir: RunDirArg) -> None:
     """Remove containers and sandboxes a killed run left on this node."""
     from raygen.envs.images import reap
     from raygen.run_dir import read_run_config
@@ -314,33 +288,34 @@ def clean(run_dir: Annotated[Path, typer.Argument(help="A run folder.")]) -> Non
 
 @sim_app.command("serve")
 def sim_serve(
-    config: Annotated[Path | None, Opt("--config", "-c", help="YAML with a `sim:` section.")] = None,
-    host: Annotated[str | None, Opt(help="Listen address [127.0.0.1].")] = None,
-    port: Annotated[int | None, Opt(help="Port [8008].")] = 8008,
-    latency: Annotated[float | None, Opt(help="Mean latency per request, seconds.")] = None,
-    rpm: Annotated[float | None, Opt(help="Hard request limit per minute (429 beyond).")] = None,
-    error_rate: Annotated[float | None, Opt(help="Share of requests answered 5xx.")] = None,
-    hallucinate_rate: Annotated[float | None, Opt(help="Share of sessions calling an unknown tool.")] = None,
-    no_reasoning_rate: Annotated[float | None, Opt(help="Share of sessions without reasoning.")] = None,
-    log_path: Annotated[Path | None, Opt("--log", help="Append every request to this JSONL file.")] = None,
+    config: ConfigSources = None,
+    host: Annotated[str | None, Opt(help="Listen address [127.0.0.1]."), Sets("sim.host")] = None,
+    port: Annotated[int | None, Opt(help="Port [8008]."), Sets("sim.port")] = 8008,
+    latency: Annotated[
+        float | None, Opt(help="Mean latency per request, seconds."), Sets("sim.latency_s")
+    ] = None,
+    rpm: Annotated[
+        float | None, Opt(help="Hard request limit per minute (429 beyond)."), Sets("sim.rate_limit_rpm")
+    ] = None,
+    error_rate: Annotated[
+        float | None, Opt(help="Share of requests answered 5xx."), Sets("sim.error_rate")
+    ] = None,
+    hallucinate_rate: Annotated[
+        float | None, Opt(help="Share of sessions calling an unknown tool."), Sets("sim.hallucinate_rate")
+    ] = None,
+    no_reasoning_rate: Annotated[
+        float | None, Opt(help="Share of sessions without reasoning."), Sets("sim.no_reasoning_rate")
+    ] = None,
+    log_path: Annotated[
+        Path | None, Opt("--log", help="Append every request to this JSONL file."), Sets("sim.log_path")
+    ] = None,
 ) -> None:
-    """Serve the simulator until interrupted."""
+    """Serve the simulator until interrupted (settings: the `sim:` section of -c files, -c sim.key=value)."""
+    overrides = flag_overrides(sim_serve, locals())
     import asyncio
 
     from raygen.sim.server import serve_forever
 
-    overrides = _overrides(
-        {
-            "sim.host": host,
-            "sim.port": port,
-            "sim.latency_s": latency,
-            "sim.rate_limit_rpm": rpm,
-            "sim.error_rate": error_rate,
-            "sim.hallucinate_rate": hallucinate_rate,
-            "sim.no_reasoning_rate": no_reasoning_rate,
-            "sim.log_path": str(log_path) if log_path else None,
-        }
-    )
     try:
         cfg = load_config(config, overrides).sim
     except ConfigError as exc:
@@ -364,10 +339,6 @@ def _register_extensions() -> None:
 
 _EXTENSIONS: list[str] = ["raygen.eval.commands", "raygen.hygiene.commands"]
 _register_extensions()
-
-
-def main() -> None:  # pragma: no cover - console entry point
-    app()
 
 
 if __name__ == "__main__":  # pragma: no cover

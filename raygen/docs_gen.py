@@ -18,9 +18,12 @@ from raygen.config import RunConfig
 HEADER = """# Configuration reference
 
 Generated from the docstrings in `raygen/config.py` by `python -m raygen.docs_gen` (a test keeps it in
-sync). Every option can be set in a YAML file with the same nesting (`raygen run --config run.yaml`); the
-CLI flags of `raygen run --help` override the file. Backend sections (`model`, `env`) choose their backend
-with `type`; a section without `type` means the default backend (`openai`, `local`).
+sync). Every option can be set in a YAML file with the same nesting (`raygen run -c run.yaml`), or one
+at a time on the command line with its dotted key, the value read as YAML: `raygen run prompts.jsonl -c
+session.max_turns=12 -c 'sampling.extra_body={reasoning: {effort: high}}'`. Files and `-c key=value`
+settings apply in the order given (later wins), and the named flags of `raygen run --help` win over both.
+Backend sections (`model`, `env`) choose their backend with `type`; a section without `type` means the
+default backend (`openai`, `local`).
 """
 
 

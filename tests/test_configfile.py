@@ -42,3 +42,39 @@ def test_invalid_yaml_and_non_mapping(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_overrides_are_applied_in_order_with_yaml_values(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("ray: {workers: 4}\nsampling: {temperature: 0.2}\n")
+    cfg = load_config(
+        [path, "ray.workers=6", "sampling.extra_body={reasoning: {effort: high}}", "ray.workers=7"],
+        {"session": {"max_turns": 2}},
+    )
+    assert cfg.ray.workers == 7 and cfg.sampling.temperature == 0.2 and cfg.session.max_turns == 2
+    assert cfg.sampling.extra_body == {"reasoning": {"effort": "high"}}
+    # A field that wants text gets the value as typed, even where YAML reads a number.
+    assert load_config(["output.run_name=2024", "model.model=1.5"]).output.run_name == "2024"
+    # The named flags (overrides) win over -c.
+    assert load_config(["ray.workers=9"], {"ray": {"workers": 3}}).ray.workers == 3
+
+
+def test_errors_name_the_source_and_the_key(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("ray:\n  workers: 4\n  wrokers: 2\nmodel:\n  type: scripted\n  base_url: http://x/v1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config([path, "session.max_turns=zero", "env.type=nope"])
+    lines = str(info.value).splitlines()
+    assert f"  {path}:3: ray.wrokers: Extra inputs are not permitted" in lines
+    assert f"  {path}:6: model.base_url: Extra inputs are not permitted" in lines
+    assert any(line.startswith("  -c session.max_turns=zero: session.max_turns: ") for line in lines)
+    assert any(line.startswith("  -c env.type=nope: env: Input tag 'nope'") for line in lines)
+
+
+def test_bad_override_syntax_and_values():
+    with pytest.raises(ConfigError, match=r"-c ray.workers=\[1: ray.workers: the value is not valid YAML"):
+        load_config(["ray.workers=[1"])
+    with pytest.raises(ConfigError, match=r"cannot read config ray\.workers"):
+        load_config(["ray.workers"])  # no '=': a file name, and there is no such file
+    with pytest.raises(ConfigError, match=r"-c nope.key=1: nope: Extra inputs are not permitted"):
+        load_config(["nope.key=1"])

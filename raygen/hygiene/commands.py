@@ -4,6 +4,7 @@ and ``raygen validate`` share."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +12,9 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from raygen.cli_options import ConfigSources
 from raygen.config import HygieneConfig
+from raygen.configfile import Source
 from raygen.errors import ConfigError, InputError
 from raygen.hygiene.scan import HygieneReport, scan_hygiene
 
@@ -42,14 +45,15 @@ def validate_hygiene(
 
 
 def hygiene_config(
-    config_file: Path | None = None,
+    config_file: Source | Sequence[Source] | None = None,
     *,
     eval_set: Path | None = None,
     eval_field: str | None = None,
     threshold: float | None = None,
     phone_region: str | None = None,
 ) -> tuple[HygieneConfig, list[str]]:
-    """The ``hygiene`` section (and ``session.secret_env``) of a run config, with flags applied."""
+    """The ``hygiene`` section (and ``session.secret_env``) of a run config (files and ``-c`` overrides),
+    with flags applied."""
     from raygen.configfile import load_config
 
     overrides = {
@@ -78,9 +82,7 @@ def hygiene(
     phone_region: Annotated[
         str | None, Opt(help="Region of phone numbers without a country code [US].")
     ] = None,
-    config: Annotated[
-        Path | None, Opt("--config", "-c", help="Run config YAML (its hygiene and session.secret_env).")
-    ] = None,
+    config: ConfigSources = None,
     as_json: Annotated[bool, Opt("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Look for secrets, personal data and eval-set rows in DATASET (values shown masked); exit 1 if any."""

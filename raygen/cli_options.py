@@ -1,0 +1,82 @@
+"""Options shared by several ``raygen`` commands, declared once, and the link from a flag to its config key.
+
+A flag that sets a config field names the key in its annotation::
+
+    workers: Annotated[int | None, Opt(help="Session actors [2]."), Sets("ray.workers")] = None
+
+and ``flag_overrides(command, locals())`` turns the flags given into the nested dict ``load_config``
+applies on top of the config files and ``-c`` overrides. Adding a flag is that one line; every other
+field is reachable with ``-c key.path=value`` without a flag.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from raygen.configfile import set_path
+
+Opt = typer.Option
+
+
+@dataclass(frozen=True)
+class Sets:
+    """Annotation marker: the flag sets config key ``key`` (dotted path) when given."""
+
+    key: str
+
+
+def flag_overrides(command: Callable[..., Any], values: dict[str, Any]) -> dict[str, Any]:
+    """The flags of ``command`` that were given (not None), as a nested dict keyed like the config.
+    ``values`` is the command's ``locals()`` taken before it defines any other name."""
+    data: dict[str, Any] = {}
+    for name, hint in typing.get_type_hints(command, include_extras=True).items():
+        marker = next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Sets)), None)
+        value = values.get(name)
+        if marker is not None and value is not None:
+            set_path(data, marker.key, str(value) if isinstance(value, Path) else value)
+    return data
+
+
+ConfigSources = Annotated[
+    list[str] | None,
+    Opt(
+        "--config",
+        "-c",
+        help="A YAML config file, or one setting as key.path=value (value read as YAML, e.g. "
+        "-c sampling.temperature=0.7). Repeatable, applied in order; the named flags override them.",
+    ),
+]
+
+# The merge filters: used by `raygen run` (filters of the run) and `raygen merge` (filters of a re-merge).
+FilterReasoning = Annotated[
+    bool | None,
+    Opt("--filter-reasoning/--no-filter-reasoning", help="Reject sessions without reasoning \\[on]."),
+    Sets("filters.no_reasoning"),
+]
+FilterHallucinated = Annotated[
+    bool | None,
+    Opt("--filter-hallucinated/--no-filter-hallucinated", help="Reject calls of tools not offered \\[on]."),
+    Sets("filters.hallucinated_tools"),
+]
+FilterIncomplete = Annotated[
+    bool | None,
+    Opt("--filter-incomplete/--no-filter-incomplete", help="Reject sessions that did not complete \\[off]."),
+    Sets("filters.incomplete"),
+]
+FilterUnsafe = Annotated[
+    bool | None,
+    Opt(
+        "--filter-unsafe/--no-filter-unsafe", help="Reject sessions with an unsafe-labelled tool call \\[off]."
+    ),
+    Sets("filters.unsafe_actions"),
+]
+
+ToolsetPlugins = Annotated[list[str] | None, Opt("--toolset-plugin", help="Extra toolsets (module:attr).")]
+RunDirArg = Annotated[Path, typer.Argument(help="A run folder.")]
+DatasetArg = Annotated[Path, typer.Argument(help="Prompts JSONL.")]
