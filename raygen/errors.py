@@ -17,6 +17,9 @@ FAILURE_KINDS: dict[str, str] = {
     "provider_unavailable": "provider 5xx, timeout or connection error after all retries",
     "provider_auth": "provider rejected the API key (401/403)",
     "provider_bad_request": "provider rejected the request (400/404/422), e.g. unknown model",
+    "provider_malformed": "provider answered with a body that is not a chat completion, after all retries",
+    "reply_too_large": "a model reply was longer than session.max_reply_chars",
+    "record_too_large": "the record outgrew session.max_record_bytes; its conversation was dropped",
     "context_length": "the conversation outgrew the model's context window",
     "env_start": "the environment (workdir, container, sandbox) could not be started",
     "env_lost": "the environment died while the session ran",
@@ -24,9 +27,18 @@ FAILURE_KINDS: dict[str, str] = {
     "worker_lost": "the worker running the session died (actor or node lost)",
     "session_timeout": "the session ran longer than session.session_timeout_s",
     "internal": "a bug in raygen or a user tool; see the record's error field",
+    "verify_error": "the row's check could not run (timeout, grading sandbox lost); never a reward of 0",
 }
 RETRYABLE: frozenset[str] = frozenset(
-    {"rate_limited", "provider_unavailable", "env_start", "env_lost", "worker_lost"}
+    {
+        "rate_limited",
+        "provider_unavailable",
+        "provider_malformed",
+        "env_start",
+        "env_lost",
+        "worker_lost",
+        "verify_error",
+    }
 )
 
 

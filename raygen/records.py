@@ -64,6 +64,35 @@ class SafetyLabel(BaseModel):
     """The rule that matched, e.g. ``destructive_fs.rm_root``."""
 
 
+class Verification(BaseModel):
+    """The outcome of a row's ``verify`` check (``raygen/verify``)."""
+
+    passed: bool = False
+    """The reward reached the check's ``pass_threshold`` (exit code 0 for ``result: exit_code``)."""
+    exit_code: int | None = None
+    """Exit code of the check's command (None if it never ran)."""
+    output: str = ""
+    """The command's stdout then stderr, capped to its head and tail."""
+    duration_s: float = 0.0
+    """Wall time of the check: grading environment, staging, command."""
+    mode: str = "fresh"
+    """``fresh`` (a new environment holding only the artifacts) or ``same`` (the agent's environment)."""
+    error: str | None = None
+    """Why the check could not run (then the record fails with ``verify_error`` and has no reward)."""
+    missing_artifacts: list[str] = Field(default_factory=list)
+    """Declared artifacts the agent did not leave behind (the check still runs without them)."""
+
+
+class Artifact(BaseModel):
+    """A file the agent left behind, declared by ``verify.artifacts``; ``raygen rescore`` grades it again."""
+
+    path: str
+    content: str
+    """The file's text, or its bytes in base64 when ``encoding`` is ``base64``."""
+    encoding: str = "utf-8"
+    """``utf-8`` or ``base64`` (the file was not valid UTF-8)."""
+
+
 class Trajectory(BaseModel):
     id: str
     """The row's ``id``, else its stable content key."""
@@ -102,6 +131,16 @@ class Trajectory(BaseModel):
     """Tool calls matched by the unsafe-action rule set, in call order (empty for most sessions)."""
     safety_rules_version: str = ""
     """Version of the rule set that produced ``safety_labels``."""
+    group_id: str | None = None
+    """The prompt group (``--samples-per-prompt``): the same for every sample of one row; None for K=1."""
+    sample_index: int = 0
+    """0-based index of this sample within its group."""
+    reward: float | None = None
+    """The check's reward in [0, 1]; None when the row has no ``verify`` or the check could not run."""
+    verification: Verification | None = None
+    """How the check went (None when the row has no ``verify``)."""
+    artifacts: list[Artifact] = Field(default_factory=list)
+    """The declared artifacts as the agent left them."""
 
 
 TOOL_ERROR_KINDS = ("hallucinated", "invalid_arguments", "execution", "timeout")

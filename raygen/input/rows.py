@@ -13,7 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
-ROW_FIELDS = ("prompt", "id", "category", "image", "cwd", "env", "toolsets", "metadata")
+from raygen.verify.spec import VerifySpec
+
+ROW_FIELDS = ("prompt", "id", "category", "image", "cwd", "env", "toolsets", "metadata", "verify")
 
 
 class PromptRow(BaseModel):
@@ -37,6 +39,9 @@ class PromptRow(BaseModel):
     """Toolsets for this row, overriding the distribution's draw."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Passed through untouched."""
+    verify: VerifySpec | None = None
+    """The row's hidden check (``raygen/verify``). Not part of the sample's identity: fixing a flaky
+    check keeps the samples, and ``raygen rescore`` grades them again."""
 
     @field_validator("prompt")
     @classmethod
@@ -74,6 +79,10 @@ class Sample(BaseModel):
     """1-based line number in the dataset file (for messages)."""
     toolsets: list[str]
     attempt: int = 1
+    group_id: str | None = None
+    """Key shared by the samples of one row under ``--samples-per-prompt K`` (K > 1); else None."""
+    sample_index: int = 0
+    """0-based index of the sample within its group."""
 
     @property
     def record_id(self) -> str:

@@ -8,7 +8,9 @@ free-form values whose keys vary from record to record are stored as JSON string
 - ``messages``: raw OpenAI messages (optional keys such as ``tool_calls``, ``reasoning_content``);
 - ``metadata``: whatever the prompts file carried;
 - ``tool_stats``: keyed by tool name, and the known tools vary with the run's toolsets;
-- ``tool_error_counts``: keyed by error kind.
+- ``tool_error_counts``: keyed by error kind;
+- ``verification`` (null for rows without a check) and ``artifacts``: the verified-trajectory fields, kept
+  as JSON so records of runs with and without checks share one schema.
 
 Decode them with ``json.loads``. ``safety_labels`` has a fixed shape, so it is typed:
 ``list<struct<turn: int64, tool: string, label: string, rule_id: string>>`` (empty list for most rows).
@@ -25,7 +27,7 @@ import pyarrow as pa
 
 from raygen.records import EnvInfo, ReasoningCounts, SafetyLabel, Timing, Usage
 
-JSON_COLUMNS = ("messages", "metadata", "tool_stats", "tool_error_counts")
+JSON_COLUMNS = ("messages", "metadata", "tool_stats", "tool_error_counts", "verification", "artifacts")
 """Columns holding a JSON string (decode with ``json.loads``)."""
 
 _STRUCT_MODELS = {"reasoning": ReasoningCounts, "usage": Usage, "timing": Timing, "env": EnvInfo}
@@ -96,6 +98,11 @@ SCHEMA = pa.schema(
         ),
         pa.field("safety_labels", pa.list_(SAFETY_LABEL)),
         pa.field("safety_rules_version", pa.string(), nullable=False),
+        pa.field("group_id", pa.string()),
+        pa.field("sample_index", pa.int64(), nullable=False),
+        pa.field("reward", pa.float64()),
+        pa.field("verification", pa.string(), nullable=False),
+        pa.field("artifacts", pa.string(), nullable=False),
     ]
 )
 
@@ -151,6 +158,12 @@ def to_row(record: dict[str, Any]) -> dict[str, Any]:
         **{name: _struct(name, record.get(name)) for name in _STRUCT_MODELS},
         "safety_labels": [_safety_label(item) for item in record.get("safety_labels") or ()],
         "safety_rules_version": str(record.get("safety_rules_version") or ""),
+        "group_id": None if record.get("group_id") is None else str(record["group_id"]),
+        "sample_index": int(record.get("sample_index") or 0),
+        "reward": None if record.get("reward") is None else float(record["reward"]),
+        # JSON ``null`` when the row had no check, so "not verified" stays apart from an empty result.
+        "verification": json.dumps(record.get("verification"), ensure_ascii=False, separators=(",", ":")),
+        "artifacts": _json(record.get("artifacts"), []),
     }
 
 

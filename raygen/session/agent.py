@@ -18,16 +18,29 @@ from datetime import UTC, datetime
 from typing import Any
 
 from raygen.config import SessionConfig
-from raygen.envs import EnvSpec, create_environment
+from raygen.envs import EnvSpec, create_environment, environment_class
 from raygen.errors import SessionFailure
 from raygen.input.rows import Sample
 from raygen.model.base import ChatModel
-from raygen.records import EnvInfo, ReasoningCounts, SafetyLabel, Timing, ToolStat, Trajectory, Usage
+from raygen.records import (
+    Artifact,
+    EnvInfo,
+    ReasoningCounts,
+    SafetyLabel,
+    Timing,
+    ToolStat,
+    Trajectory,
+    Usage,
+    Verification,
+)
 from raygen.safety import label_tool_call, rules_version
+from raygen.session.limits import capped_record, cut_reply, reply_chars
 from raygen.session.reasoning import split_reasoning
-from raygen.session.scrub import Scrubber
+from raygen.session.scrub import Scrubber, worker_secret_values
 from raygen.session.sharegpt import to_sharegpt
 from raygen.tools.base import Tool, ToolContext, ToolResult, cap_text
+from raygen.verify.grader import VerifyError, collect_artifacts, grade
+from raygen.verify.spec import VerifySpec
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +59,11 @@ class SessionRunner:
         node: str | None = None,
         config_fingerprint: str = "",
         secret_values: list[str] | None = None,
+        verify_default: VerifySpec | None = None,
     ):
         self.model = model
+        self.verify_default = verify_default
+        """The check of rows without their own ``verify`` (config ``verify.default``)."""
         self.registry = registry
         self.env_config = env_config
         self.cfg = session
@@ -55,7 +71,9 @@ class SessionRunner:
         self.run_name = run_name
         self.node = node
         self.config_fingerprint = config_fingerprint
-        self.scrubber = Scrubber(secret_values or [])
+        # The worker's own credential-looking variables too: a tool may read them (/proc, a stray file)
+        # even when the driver's secret_env did not name them.
+        self.scrubber = Scrubber([*(secret_values or []), *worker_secret_values()])
 
     async def run(self, sample: Sample) -> Trajectory:
         """Run one sample to a Trajectory. Never raises except on cancellation."""
@@ -101,6 +119,9 @@ class _SessionState:
         self.started = time.time()
         self.model_s = self.tools_s = self.env_s = 0.0
         self.env_info = EnvInfo(backend=runner.env_config.type, image=sample.row.image, node=runner.node)
+        self.reward: float | None = None
+        self.verification: Verification | None = None
+        self.artifacts: list[Artifact] = []
 
     async def run(self) -> None:
         await self._check_image()
@@ -115,48 +136,76 @@ class _SessionState:
             )
             self._stack = stack
             await self._loop(ctx)
+            await self._verify(ctx)
             t = time.monotonic()
         if ctx.env is not None:
             self.env_s += time.monotonic() - t
 
-    async def _ensure_env(self, ctx: ToolContext) -> None:
-        if ctx.env is not None:
-            return
-        spec = EnvSpec(
-            session_key=f"{self.sample.sample_key}-a{self.sample.attempt}",
+    def _env_spec(self, suffix: str = "") -> EnvSpec:
+        return EnvSpec(
+            session_key=f"{self.sample.sample_key}-a{self.sample.attempt}{suffix}",
             run_name=self.r.run_name,
             image=self.sample.row.image,
             cwd=self.sample.row.cwd,
             env=dict(self.sample.row.env),
             secret_values=self.r.scrubber.values,
         )
+
+    async def _ensure_env(self, ctx: ToolContext) -> None:
+        if ctx.env is not None:
+            return
         t = time.monotonic()
-        ctx.env = await self._stack.enter_async_context(create_environment(self.r.env_config, spec))
+        ctx.env = await self._stack.enter_async_context(
+            create_environment(self.r.env_config, self._env_spec())
+        )
         self.env_s += time.monotonic() - t
+
+    async def _verify(self, ctx: ToolContext) -> None:
+        """Grade what the agent left behind with the row's check, if it has one (after the last turn,
+        while the agent's environment still exists: ``same`` mode runs in it, ``fresh`` copies from it)."""
+        spec = self.sample.row.verify or self.r.verify_default
+        if spec is None:
+            return
+        self.artifacts, missing = await collect_artifacts(ctx.env, spec)
+        try:
+            graded = await grade(
+                spec,
+                agent_env=ctx.env,
+                open_fresh=lambda: create_environment(self.r.env_config, self._env_spec("-verify")),
+                artifacts=self.artifacts,
+                missing=missing,
+            )
+        except VerifyError as exc:
+            self.verification = exc.verification
+            raise SessionFailure("verify_error", str(exc)) from None
+        self.reward, self.verification = graded.reward, graded.verification
 
     async def _check_image(self) -> None:
         """Fail before any model call if the row's image cannot be had (checked once per image per
         process; pulls are serialized per node)."""
-        if self.r.env_config.type in ("local", "fake"):
-            return
-        from raygen.envs.images import prepare_images
-
         image = self.sample.row.image
-        problems = await prepare_images(self.r.env_config, [image])
-        name = image or getattr(self.r.env_config, "default_image", None)
+        config = self.r.env_config
+        problems = await environment_class(config.type).prepare(config, [image])
+        name = image or getattr(config, "default_image", None)
         if name and problems.get(name):
             raise SessionFailure("image_unavailable", f"{name}: {problems[name]}")
 
     async def _loop(self, ctx: ToolContext) -> None:
         for _ in range(self.r.cfg.max_turns):
             t = time.monotonic()
-            completion = await self.r.model.complete(self.messages, self.schemas)
-            self.model_s += time.monotonic() - t
-            self.api_calls += 1
+            self.api_calls += 1  # before the call: one that fails after its retries was still made
+            try:
+                completion = await self.r.model.complete(self.messages, self.schemas)
+            finally:
+                self.model_s += time.monotonic() - t
             self.usage.prompt_tokens += completion.prompt_tokens
             self.usage.completion_tokens += completion.completion_tokens
             message = {k: v for k, v in completion.message.items() if v is not None}
             message["role"] = "assistant"
+            size, limit = reply_chars(message), self.r.cfg.max_reply_chars
+            if size > limit:
+                self.messages.append(cut_reply(message, size))  # its head, so the record shows what came
+                raise SessionFailure("reply_too_large", f"reply of {size} characters, over {limit}")
             self.messages.append(message)
             reasoning, _ = split_reasoning(message)
             if reasoning:
@@ -265,8 +314,13 @@ class _SessionState:
             config_fingerprint=self.r.config_fingerprint,
             safety_labels=self.safety_labels,
             safety_rules_version=rules_version(),
+            group_id=self.sample.group_id,
+            sample_index=self.sample.sample_index,
+            reward=self.reward,
+            verification=self.verification,
+            artifacts=self.artifacts,
         )
-        return self.scrubber.scrub_record(record)
+        return capped_record(self.scrubber.scrub_record(record), self.r.cfg.max_record_bytes)
 
 
 def _iso(ts: float) -> str:
