@@ -20,6 +20,7 @@ from typing import Any
 import ray
 
 from raygen.config import RayConfig
+from raygen.envs import environment_class
 from raygen.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,6 @@ def _is_loopback(address: str) -> bool:
 
 
 SANDBOX_RESOURCE_PREFIX = "raygen_sandbox_"
-# Backends whose sandboxes live off the node (a cloud service): any node can drive them.
-_OFF_NODE_BACKENDS = frozenset({"modal"})
 
 
 def sandbox_resource(env_type: str) -> str:
@@ -99,7 +98,8 @@ def session_actor_resources(config: RayConfig, env_type: str) -> dict[str, float
         explicit = True
     else:
         uses_convention = any(key.startswith(SANDBOX_RESOURCE_PREFIX) for res in nodes for key in res)
-        if not uses_convention or env_type in _OFF_NODE_BACKENDS:
+        # A backend whose sandboxes live off the node (a cloud service) uses no node's sandbox capacity.
+        if not uses_convention or not environment_class(env_type).runs_on_node:
             return {}
         wanted = {sandbox_resource(env_type): float(config.sessions_per_worker)}
         explicit = False

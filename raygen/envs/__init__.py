@@ -16,11 +16,16 @@ BACKENDS: dict[str, str] = {
 }
 
 
+def environment_class(env_type: str) -> type[Environment]:
+    """The backend class for ``env.type``: the one lookup every caller uses, for sessions and for the
+    class-level hooks (``prepare``, ``reap``, ``runs_on_node``, ``confines_destructive_rows``)."""
+    module_name, cls_name = BACKENDS[env_type].split(":")
+    return getattr(importlib.import_module(module_name), cls_name)
+
+
 def create_environment(config, spec: EnvSpec) -> Environment:
     """Build (not start) the environment for one session: use it as ``async with``."""
-    module_name, cls_name = BACKENDS[config.type].split(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    return cls(config, spec)
+    return environment_class(config.type)(config, spec)
 
 
-__all__ = ["BACKENDS", "EnvSpec", "Environment", "ExecResult", "create_environment"]
+__all__ = ["BACKENDS", "EnvSpec", "Environment", "ExecResult", "create_environment", "environment_class"]

@@ -3,14 +3,21 @@
 An environment is an ``async with`` resource with a hard lifetime: entering starts it (a workdir, a
 container, a sandbox), leaving always tears it down, on success, error and cancellation alike.
 Never rely on ``__del__``.
+
+Besides the per-session instance, each backend class answers the questions the driver and the cluster
+ask about the backend as a whole (class-level hooks, like inspect_ai's ``task_init``/``cli_cleanup``):
+``prepare`` (image pre-flight before any model call), ``reap`` (a run's leftovers on this node),
+``runs_on_node`` (sandboxes on the actor's node, or off it in a cloud service) and
+``confines_destructive_rows``. Callers reach a backend only through ``raygen.envs.environment_class``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Self
+from typing import Any, ClassVar, Self
 
 
 @dataclass
@@ -44,7 +51,36 @@ class ExecResult:
 
 
 class Environment(ABC):
-    backend: str = ""
+    backend: ClassVar[str] = ""
+    runs_on_node: ClassVar[bool] = True
+    """Whether sessions' sandboxes use the node their actor runs on (processes, containers, instances).
+    False for a cloud service (Modal): any node can drive them, so no per-node sandbox capacity applies."""
+
+    # --- class-level hooks: the backend as a whole, not one session ------------------------------------
+
+    @classmethod
+    async def prepare(cls, config: Any, images: Iterable[str | None]) -> dict[str, str | None]:
+        """Image pre-flight, before any model call: per image, None if sessions can use it, else a message
+        saying why not (those rows fail without running). ``None`` among ``images`` (rows naming no image)
+        stands for the backend's default image, checked too and reported under its own name.
+
+        Raise SessionFailure("env_start") when the backend itself is unusable (no engine, no executable),
+        so a run fails loudly instead of sending every row to ``failed/``. Default: accept every image.
+        """
+        return dict.fromkeys(image for image in images if image)
+
+    @classmethod
+    def reap(cls, config: Any, run_name: str | None) -> int:
+        """Remove what sessions of ``run_name`` (of every run when None) left on this node after a killed
+        worker or driver; returns how many were removed. Blocking; for ``raygen clean`` and the start and
+        end of a run. Default: nothing outlives a session (0)."""
+        return 0
+
+    @classmethod
+    def confines_destructive_rows(cls, config: Any) -> bool:
+        """Whether a row marked ``needs_isolation`` cannot harm the host with this configuration. Default:
+        False, so a new backend must claim confinement explicitly."""
+        return False
 
     def __init__(self, spec: EnvSpec):
         self.spec = spec
@@ -83,6 +119,16 @@ class Environment(ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def image_names(images: Iterable[str | None], default_image: str | None) -> set[str]:
+    """The images a pre-flight checks: the rows' images, with ``None`` (a row naming none) standing for
+    the backend's default image, if it has one."""
+    wanted = set(images)
+    names = {image for image in wanted if image}
+    if None in wanted and default_image:
+        names.add(default_image)
+    return names
 
 
 async def finish_despite_cancellation(teardown: asyncio.Future) -> None:

@@ -13,8 +13,8 @@ pass are caught by the next). Only a process that scrubs its own environment (``
 die with the container. This works with busybox and GNU userlands alike (``tr``, ``grep``, ``kill``),
 where ``timeout`` would only kill the direct child.
 
-All blocking SDK calls run on a dedicated thread pool (see ``images.run_blocking``), so one worker's event
-loop keeps serving its other sessions. ``close()`` force-removes the container on every path; a
+All blocking SDK calls run on a dedicated thread pool (see ``docker_engine.run_blocking``), so one
+worker's event loop keeps serving its other sessions. ``close()`` force-removes the container on every path; a
 cancelled caller still waits for the removal to finish.
 """
 
@@ -31,26 +31,26 @@ import secrets
 import socket
 import tarfile
 import time
+from collections.abc import Iterable
 from contextlib import suppress
 from typing import Any
 
 from raygen.config import DockerEnvConfig
-from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
+from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation, image_names
 from raygen.envs.capture import OutputCapture, exec_result
-from raygen.envs.docker_stream import open_exec_stream, read_exec_output
-from raygen.envs.images import (
-    LABEL_OWNER_HOST,
-    LABEL_OWNER_PID,
-    LABEL_RUN,
-    LABEL_SAMPLE,
+from raygen.envs.docker_engine import (
     ensure_images,
     get_client_async,
     import_docker,
+    reap_containers,
     run_blocking,
 )
+from raygen.envs.docker_stream import open_exec_stream, read_exec_output
+from raygen.envs.labels import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
 from raygen.envs.processes import (
     EXEC_ID_VAR,
     KILL_BY_EXEC_ID_SCRIPT,
+    KILL_GRACE_S,
     MAX_READ_BYTES,
     TIMEOUT_EXIT_CODE,
 )
@@ -60,8 +60,6 @@ log = logging.getLogger(__name__)
 
 KEEPALIVE_COMMAND = ["sleep", "2147483647"]
 """PID 1's child: sleeps ~68 years; busybox's ``sleep`` has no ``infinity``."""
-KILL_GRACE_S = 5.0
-"""After the kill exec, how long to wait for the command's output stream to end."""
 _MAX_SYMLINK_HOPS = 16
 _GO_MODE_DIR = 1 << 31  # Docker reports Go's os.FileMode in the archive stat header
 
@@ -97,6 +95,18 @@ class DockerEnvironment(Environment):
     """One session's container (see the module docstring for the guarantees and how timeouts kill)."""
 
     backend = "docker"
+
+    @classmethod
+    async def prepare(cls, config: DockerEnvConfig, images: Iterable[str | None]) -> dict[str, str | None]:
+        return await ensure_images(config, image_names(images, config.default_image))
+
+    @classmethod
+    def reap(cls, config: DockerEnvConfig, run_name: str | None) -> int:
+        return reap_containers(config, run_name)
+
+    @classmethod
+    def confines_destructive_rows(cls, config: DockerEnvConfig) -> bool:
+        return True
 
     def __init__(self, config: DockerEnvConfig, spec: EnvSpec):
         super().__init__(spec)

@@ -1,13 +1,12 @@
-"""Docker engine access shared by the Docker backend: the client, its threads, image checks and the reaper.
+"""The Docker engine client behind the Docker backend: the client, its threads, image checks, the reaper.
 
-- ``prepare_images(env_config, images)`` is the backend-agnostic hook the pipeline calls before any model
-  call: it returns, per image, None (usable) or a message saying why not, so rows with a bad image can go
-  straight to ``failed/``. Backends without images (local, fake) accept everything.
-- ``ensure_images`` (Docker) checks local presence and pulls per ``env.pull``. Each image is resolved at
+- ``ensure_images`` checks local presence and pulls per ``env.pull`` (``DockerEnvironment.prepare``, the
+  pre-flight before any model call, and each container start use it). Each image is resolved at
   most once per process (the result is cached, failures too), never by two coroutines at once (a
   per-image asyncio lock), and never by two processes on one node at once (a file lock in the system temp
   dir, after which presence is checked again, so the second process finds the first one's pull).
-- ``reap(run_name, env_config)`` force-removes containers labelled with a run (or every raygen container).
+- ``reap_containers(config, run_name)`` force-removes containers labelled with a run (or every raygen
+  container): ``DockerEnvironment.reap``.
 
 An unreachable engine is not an image problem: it raises ``SessionFailure("env_start")`` so a run fails
 loudly instead of sending every row to ``failed/``.
@@ -29,16 +28,12 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from raygen.envs.labels import LABEL_RUN
 from raygen.errors import MissingExtraError, SessionFailure
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-LABEL_RUN = "raygen.run"
-LABEL_SAMPLE = "raygen.sample"
-LABEL_OWNER_PID = "raygen.owner_pid"
-LABEL_OWNER_HOST = "raygen.owner_host"
 
 _clients: dict[tuple[str | None, float], Any] = {}
 _clients_lock = threading.Lock()
@@ -204,40 +199,9 @@ async def _ensure_one(config: Any, image: str) -> str | None:
     return _image_results[key]
 
 
-async def prepare_images(env_config: Any, images: Iterable[str | None]) -> dict[str, str | None]:
-    """Backend-agnostic pre-flight: per image, None if sessions can use it, else a message saying why not.
-
-    Call before any model call; rows whose image maps to a message can fail without running. Backends
-    that ignore images (local, fake, and any without image support) accept every image. A ``None`` among
-    ``images`` (rows naming no image) stands for the backend's default image, which is checked too and
-    appears in the result under its own name.
-    """
-    wanted = set(images)
-    names = {image for image in wanted if image}
-    if env_config.type == "singularity":
-        from raygen.envs.singularity_images import prepare_sif_images
-
-        return await prepare_sif_images(env_config, wanted)
-    if env_config.type != "docker":
-        return dict.fromkeys(names)
-    if None in wanted and env_config.default_image:
-        names.add(env_config.default_image)
-    return await ensure_images(env_config, names)
-
-
-def reap(run_name: str | None, config: Any) -> int:
-    """Force-remove containers labelled with ``run_name`` (every raygen container when None), or stop the
-    run's apptainer instances.
-
-    Blocking; for ``raygen clean`` and the start and end of a run. Returns how many were removed;
-    0 for backends without containers. Raises SessionFailure("env_start") if the engine is unreachable.
-    """
-    if getattr(config, "type", None) == "singularity":
-        from raygen.envs.singularity import reap_instances
-
-        return reap_instances(config, run_name)
-    if getattr(config, "type", None) != "docker":
-        return 0
+def reap_containers(config: Any, run_name: str | None) -> int:
+    """Force-remove containers labelled with ``run_name`` (every raygen container when None); returns how
+    many were removed. Blocking. Raises SessionFailure("env_start") if the engine is unreachable."""
     docker = import_docker()
     client = get_client(config)
     label = f"{LABEL_RUN}={run_name}" if run_name is not None else LABEL_RUN

@@ -170,6 +170,10 @@ class FakeEnvironment(Environment):
 
     backend = "fake"
 
+    @classmethod
+    def confines_destructive_rows(cls, config: FakeEnvConfig) -> bool:
+        return True  # nothing runs: commands only touch the in-memory filesystem
+
     def __init__(self, config: FakeEnvConfig | None, spec: EnvSpec):
         super().__init__(spec)
         self.config = config or FakeEnvConfig()

@@ -23,7 +23,6 @@ import posixpath
 import re
 import shutil
 import signal
-import stat
 import subprocess
 import tempfile
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 from raygen.config import LocalEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult
 from raygen.envs.capture import OutputCapture, exec_result
+from raygen.envs.host import looks_secret, remove_tree
 from raygen.envs.processes import (
     TIMEOUT_EXIT_CODE,
     kill_group,
@@ -44,17 +44,10 @@ from raygen.errors import SessionFailure
 
 log = logging.getLogger(__name__)
 
-SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BWRAP_FLAGS = ("--unshare-net", "--unshare-pid", "--die-with-parent", "--new-session")
 
 _warned_not_sandbox = False
-
-
-def looks_secret(name: str) -> bool:
-    """True for variable names that usually hold credentials (``OPENAI_API_KEY``, ``GH_TOKEN``, ...)."""
-    upper = name.upper()
-    return any(part in upper for part in SECRET_NAME_PARTS)
 
 
 def command_environment(
@@ -136,35 +129,6 @@ def _probe_bwrap(bwrap: str) -> str | None:
     return None
 
 
-def _make_dirs_writable(top: Path) -> None:
-    # Commands may leave read-only directories (chmod -w, tools' caches); a non-root owner can only
-    # delete their entries after making them writable again. Symlinks are never followed.
-    def allow(path: str) -> None:
-        with suppress(OSError):
-            if not os.path.islink(path):
-                os.chmod(path, stat.S_IMODE(os.lstat(path).st_mode) | stat.S_IRWXU)
-
-    allow(str(top))
-    for parent, dirs, _files in os.walk(top):
-        for name in dirs:
-            allow(os.path.join(parent, name))
-
-
-def remove_tree(path: Path) -> bool:
-    """Delete a session workdir whatever commands left in it; True when it is gone."""
-    for attempt in range(3):
-        try:
-            _make_dirs_writable(path)
-            shutil.rmtree(path)
-            return True
-        except FileNotFoundError:
-            return not path.exists()
-        except OSError:
-            # A just-killed process may still be finishing a write; try again shortly.
-            time.sleep(0.1 * (attempt + 1))
-    return not path.exists()
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:40] or "x"
 
@@ -183,6 +147,10 @@ class LocalEnvironment(Environment):
     """One session's private workdir on this host (see the module docstring for what it guarantees)."""
 
     backend = "local"
+
+    @classmethod
+    def confines_destructive_rows(cls, config: LocalEnvConfig) -> bool:
+        return config.bwrap  # without bubblewrap, commands have this user's full access to the host
 
     def __init__(self, config: LocalEnvConfig, spec: EnvSpec):
         super().__init__(spec)

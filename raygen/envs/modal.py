@@ -33,9 +33,8 @@ from typing import Any
 from raygen.config import ModalEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
 from raygen.envs.capture import OutputCapture, exec_result
-from raygen.envs.docker import KILL_GRACE_S
-from raygen.envs.images import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
-from raygen.envs.processes import EXEC_ID_VAR, KILL_BY_EXEC_ID_SCRIPT, TIMEOUT_EXIT_CODE
+from raygen.envs.labels import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
+from raygen.envs.processes import EXEC_ID_VAR, KILL_BY_EXEC_ID_SCRIPT, KILL_GRACE_S, TIMEOUT_EXIT_CODE
 from raygen.errors import MissingExtraError, SessionFailure
 
 log = logging.getLogger(__name__)
@@ -81,6 +80,13 @@ class ModalEnvironment(Environment):
     """One session's Modal sandbox (see the module docstring for the guarantees)."""
 
     backend = "modal"
+    runs_on_node = False  # sandboxes live in Modal's cloud: any node can drive them
+    # ``reap`` stays the default (0): every sandbox has a hard lifetime (``env.timeout_s``), so Modal ends
+    # what a killed run left behind.
+
+    @classmethod
+    def confines_destructive_rows(cls, config: ModalEnvConfig) -> bool:
+        return True
 
     def __init__(self, config: ModalEnvConfig, spec: EnvSpec):
         super().__init__(spec)

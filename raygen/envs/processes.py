@@ -28,6 +28,8 @@ EXEC_ID_VAR = "RAYGEN_EXEC_ID"
 """Set to a unique id for every command run inside a container: all its children inherit it, even those
 that leave the process group (``setsid``), so a timeout can find and kill every one of them."""
 MAX_KILL_PASSES = 20
+KILL_GRACE_S = 5.0
+"""After the kill-by-exec-id exec, how long to wait for the killed command's output stream to end."""
 
 # Kill every process carrying EXEC_ID_VAR=$1 in its environment; repeat until a pass finds none.
 KILL_BY_EXEC_ID_SCRIPT = f"""

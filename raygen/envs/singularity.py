@@ -37,13 +37,14 @@ import secrets
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable
 from contextlib import suppress
 from pathlib import Path
 
 from raygen.config import SingularityEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
 from raygen.envs.capture import OutputCapture, exec_result
-from raygen.envs.local import looks_secret, remove_tree
+from raygen.envs.host import looks_secret, remove_tree
 from raygen.envs.processes import (
     DRAIN_GRACE_S,
     EXEC_ID_VAR,
@@ -55,7 +56,7 @@ from raygen.envs.processes import (
     run_captured,
     write_file,
 )
-from raygen.envs.singularity_images import find_executable, resolve_image
+from raygen.envs.singularity_images import find_executable, prepare_sif_images, resolve_image
 from raygen.errors import SessionFailure
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,20 @@ class SingularityEnvironment(Environment):
     """One session's apptainer instance (see the module docstring for the guarantees)."""
 
     backend = "singularity"
+
+    @classmethod
+    async def prepare(
+        cls, config: SingularityEnvConfig, images: Iterable[str | None]
+    ) -> dict[str, str | None]:
+        return await prepare_sif_images(config, images)
+
+    @classmethod
+    def reap(cls, config: SingularityEnvConfig, run_name: str | None) -> int:
+        return reap_instances(config, run_name)
+
+    @classmethod
+    def confines_destructive_rows(cls, config: SingularityEnvConfig) -> bool:
+        return True
 
     def __init__(self, config: SingularityEnvConfig, spec: EnvSpec):
         super().__init__(spec)

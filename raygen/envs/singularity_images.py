@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from raygen.envs.base import image_names
 from raygen.errors import SessionFailure
 
 log = logging.getLogger(__name__)
@@ -128,17 +129,13 @@ async def resolve_image(config: Any, image: str) -> str:
 
 
 async def prepare_sif_images(config: Any, images: Iterable[str | None]) -> dict[str, str | None]:
-    """The image pre-flight (``images.prepare_images``): per image, None if usable, else why not.
+    """The image pre-flight (``SingularityEnvironment.prepare``): per image, None if usable, else why not.
 
     ``None`` among ``images`` stands for ``config.default_image``. Raises SessionFailure("env_start") when
     the node has no apptainer, so a run fails loudly instead of sending every row to ``failed/``.
     """
     find_executable(config)
-    wanted = set(images)
-    names = {image for image in wanted if image}
-    if None in wanted and config.default_image:
-        names.add(config.default_image)
-    ordered = sorted(names)
+    ordered = sorted(image_names(images, config.default_image))
     results = await asyncio.gather(*(_resolve_cached(config, image) for image in ordered))
     return {image: problem for image, (_path, problem) in zip(ordered, results, strict=True)}
 

@@ -16,11 +16,12 @@ from contextlib import suppress
 import pytest
 from conformance import ALIVE_CHECK, EnvironmentConformance
 from docker.errors import NotFound
-from test_images import docker_skip_reason
+from test_docker_engine import docker_skip_reason
 
 from raygen.config import DockerEnvConfig
-from raygen.envs import EnvSpec, create_environment, images
+from raygen.envs import EnvSpec, create_environment, docker_engine
 from raygen.envs.docker import DockerEnvironment
+from raygen.envs.labels import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
 from raygen.errors import SessionFailure
 
 pytestmark = pytest.mark.docker
@@ -40,11 +41,11 @@ def docker_config() -> DockerEnvConfig:
 
 @pytest.fixture
 def client(docker_config):
-    return images.get_client(docker_config)
+    return docker_engine.get_client(docker_config)
 
 
 def containers_of(client, run_name: str = RUN_NAME) -> list[dict]:
-    return client.api.containers(all=True, filters={"label": f"{images.LABEL_RUN}={run_name}"})
+    return client.api.containers(all=True, filters={"label": f"{LABEL_RUN}={run_name}"})
 
 
 def container_exists(client, name: str) -> bool:
@@ -67,7 +68,7 @@ class TestDockerConformance(EnvironmentConformance):
 
     async def assert_cleaned_up(self, env, pids):
         await super().assert_cleaned_up(env, pids)
-        assert not container_exists(images.get_client(env.config), env.container_name)
+        assert not container_exists(docker_engine.get_client(env.config), env.container_name)
 
 
 async def test_python_image_runs_python3(docker_config):
@@ -83,9 +84,9 @@ async def test_labels_limits_and_isolation_are_applied(docker_config, client):
     async with env:
         info = client.api.inspect_container(env.container_id)
         labels = info["Config"]["Labels"]
-        assert labels[images.LABEL_RUN] == RUN_NAME
-        assert labels[images.LABEL_SAMPLE] == "labelled-1"
-        assert labels[images.LABEL_OWNER_PID].isdigit() and labels[images.LABEL_OWNER_HOST]
+        assert labels[LABEL_RUN] == RUN_NAME
+        assert labels[LABEL_SAMPLE] == "labelled-1"
+        assert labels[LABEL_OWNER_PID].isdigit() and labels[LABEL_OWNER_HOST]
         host = info["HostConfig"]
         assert host["NanoCpus"] == 500_000_000
         assert host["Memory"] == 256 * 1024 * 1024
@@ -212,14 +213,12 @@ async def test_fast_output_is_kept_when_the_reply_is_read_late(docker_config, cl
 def test_reaper_removes_only_the_runs_leftovers(docker_config, client):
     run, other = f"reap-{uuid.uuid4().hex[:6]}", f"keep-{uuid.uuid4().hex[:6]}"
     made = [
-        client.containers.create(
-            BUSYBOX, ["sleep", "300"], labels={images.LABEL_RUN: name}, network_mode="none"
-        )
+        client.containers.create(BUSYBOX, ["sleep", "300"], labels={LABEL_RUN: name}, network_mode="none")
         for name in (run, run, other)
     ]
     made[0].start()  # a running one and a created-only one
     try:
-        assert images.reap(run, docker_config) == 2
+        assert DockerEnvironment.reap(docker_config, run) == 2
         assert containers_of(client, run) == []
         assert len(containers_of(client, other)) == 1
     finally:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from cli_runs import run_records, run_with_config, write_dataset
-from test_images import docker_skip_reason
+from test_docker_engine import docker_skip_reason
 
 pytestmark = [pytest.mark.docker, pytest.mark.ray, pytest.mark.slow]
 

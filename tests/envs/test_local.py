@@ -179,7 +179,7 @@ def test_remove_tree_copes_with_read_only_directories():
         for path in (top / "ro" / "sub", top / "ro"):
             path.chmod(0o500)
         code = (
-            "import sys; from raygen.envs.local import remove_tree; "
+            "import sys; from raygen.envs.host import remove_tree; "
             f"sys.exit(0 if remove_tree({str(top)!r}) else 1)"
         )
         argv = [sys.executable, "-c", code]

@@ -25,8 +25,9 @@ pytest.importorskip("modal", reason='needs the modal extra: pip install "raygen[
 from fake_modal import FakeModal
 
 from raygen.config import ModalEnvConfig
-from raygen.envs import EnvSpec, create_environment, images
+from raygen.envs import EnvSpec, create_environment
 from raygen.envs import modal as modal_backend
+from raygen.envs.labels import LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
 from raygen.envs.modal import ModalEnvironment
 from raygen.errors import MissingExtraError, SessionFailure
 
@@ -75,7 +76,7 @@ def make_modal_env(config: ModalEnvConfig, **spec_overrides) -> ModalEnvironment
 
 
 def sandboxes_of(fake: FakeModal, session_key: str) -> list:
-    return fake.sandboxes_tagged(images.LABEL_SAMPLE, session_key)
+    return fake.sandboxes_tagged(LABEL_SAMPLE, session_key)
 
 
 async def wait_until(predicate, timeout_s: float = 30) -> bool:
@@ -120,9 +121,9 @@ async def test_sandbox_gets_image_lifetime_resources_network_and_tags(config, fa
         assert sandbox.timeout_secs == 600
         assert (sandbox.cpu, sandbox.memory_mb) == (0.5, 512)
         assert sandbox.network_blocked is True
-        assert sandbox.tags[images.LABEL_RUN] == RUN_NAME
+        assert sandbox.tags[LABEL_RUN] == RUN_NAME
         assert sandbox.tags["team"] == "t1"
-        assert sandbox.tags[images.LABEL_OWNER_PID] == str(os.getpid())
+        assert sandbox.tags[LABEL_OWNER_PID] == str(os.getpid())
         assert (await env.exec("pwd", 10, 1000)).stdout.rstrip().endswith("/work")
     assert_terminated(fake_modal, "tagged-1")
 

@@ -24,7 +24,6 @@ from conformance import ALIVE_CHECK, EnvironmentConformance
 
 from raygen.config import RunConfig, SingularityEnvConfig
 from raygen.envs import EnvSpec, create_environment
-from raygen.envs.images import prepare_images
 from raygen.envs.singularity import SingularityEnvironment, apptainer_environment, container_variables
 from raygen.envs.singularity_images import classify, forget_images
 from raygen.errors import SessionFailure
@@ -150,7 +149,7 @@ async def test_no_executable_is_env_start(tmp_path: Path):
             pass
     assert caught.value.kind == "env_start"
     with pytest.raises(SessionFailure) as caught:
-        await prepare_images(config, ["docker://alpine"])
+        await SingularityEnvironment.prepare(config, ["docker://alpine"])
     assert caught.value.kind == "env_start"
 
 
@@ -177,7 +176,7 @@ async def test_sandbox_directory_image(sing_config, tmp_path: Path):
     raw = HPC_ROOT / "work" / f"raw-{uuid.uuid4().hex[:6]}"
     (raw / "bin").mkdir(parents=True)
     try:
-        problems = await prepare_images(sing_config, [str(raw)])
+        problems = await SingularityEnvironment.prepare(sing_config, [str(raw)])
         assert ".singularity.d" in problems[str(raw)]
         with pytest.raises(SessionFailure) as caught:
             async with make_env(sing_config, image=str(raw)):
@@ -203,9 +202,9 @@ def counting_executable(folder: Path, real: str, build_delay_s: int = 0) -> tupl
 _CHILD = """
 import asyncio, json, sys
 from raygen.config import SingularityEnvConfig
-from raygen.envs.images import prepare_images
+from raygen.envs.singularity import SingularityEnvironment
 config = SingularityEnvConfig.model_validate_json(sys.argv[1])
-print(json.dumps(asyncio.run(prepare_images(config, [sys.argv[2]]))))
+print(json.dumps(asyncio.run(SingularityEnvironment.prepare(config, [sys.argv[2]]))))
 """
 
 
@@ -221,7 +220,7 @@ async def test_docker_archive_is_converted_once_per_node(sing_config, tmp_path: 
         )
         for _ in range(2)
     ]
-    local = await asyncio.gather(*(prepare_images(config, [reference]) for _ in range(3)))
+    local = await asyncio.gather(*(SingularityEnvironment.prepare(config, [reference]) for _ in range(3)))
     outputs = [json.loads((await child.communicate())[0]) for child in children]
     assert all(result == {reference: None} for result in local + outputs)
     assert len(builds.read_text().split()) == 1
@@ -236,7 +235,7 @@ async def test_pull_never_and_missing_images_are_image_unavailable(sing_config, 
     executable, builds = counting_executable(tmp_path, sing_config.executable)
     config = sing_config.model_copy(update={"executable": executable, "pull": "never"})
     reference = f"docker-archive:{ARCHIVE}"
-    problems = await prepare_images(config, [reference, str(tmp_path / "absent.sif")])
+    problems = await SingularityEnvironment.prepare(config, [reference, str(tmp_path / "absent.sif")])
     assert "'never'" in problems[reference] and "no such image" in problems[str(tmp_path / "absent.sif")]
     assert builds.read_text() == ""
     for image in (reference, None):
