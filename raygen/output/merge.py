@@ -9,7 +9,10 @@ summarizes it for the statistics and writes it out in ``(prompt_index, sample_ke
 
 Atomicity: the outputs are built in ``RUN_DIR/.merge-<token>/`` and each folder is then swapped in
 (old renamed away, new renamed in, old deleted); ``statistics.json`` is replaced last. A crash leaves
-each folder either old or new; the next merge restores or deletes the leftovers. The shards are only
+each folder either old or new; the next merge restores or deletes the leftovers. On an object store (no
+rename) the outputs are built in a local temp folder and uploaded file by file, each file one atomic put,
+then the files of the previous merge that the new one does not have are deleted: a crash can leave a
+folder with files of both merges, which the next merge (``raygen merge``) replaces. The shards are only
 read, so the merge can be re-run at any time (e.g. with other filters). Two merges of the same run at
 once are not supported.
 """
@@ -20,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -31,15 +35,16 @@ import yaml
 
 from raygen.config import FilterConfig
 from raygen.output.filters import FAILED, KEPT, REJECTED, classify
+from raygen.output.hermes import TRAJECTORIES_FILE, HermesOptions, HermesWriter
+from raygen.output.run_dir import DATA_DIR, FAILED_DIR, OUTPUT_DIRS, REJECTED_DIR, STATISTICS_FILE, RunDir
 from raygen.output.schema import JSON_COLUMNS, SCHEMA, to_arrow_table
-from raygen.output.shards import RecordReader, ShardPos, ShardScanStats, fsync_dir, iter_shard_records
+from raygen.output.shards import RecordReader, ShardPos, ShardScanStats, iter_shard_records
 from raygen.output.stats import StatsAccumulator
+from raygen.output.storage import TMP_SUFFIX, fsync_dir
 from raygen.output.summary import summarize
 
 logger = logging.getLogger(__name__)
 
-OUTPUT_DIRS = ("data", "rejected", "failed")
-STATISTICS_FILE = "statistics.json"
 _TMP_PREFIX = ".merge-"
 _OLD_PREFIX = ".merge-old-"
 # Parquet row groups are cut by record count or JSON size, whichever first, so one huge record batch
@@ -84,7 +89,7 @@ class MergeResult:
 
 
 def choose_finals(
-    run_dir: Path, filters: FilterConfig, expected_keys: set[str] | None, scan: ShardScanStats
+    run_dir: RunDir | Path, filters: FilterConfig, expected_keys: set[str] | None, scan: ShardScanStats
 ) -> tuple[dict[str, FinalRecord], dict[str, int]]:
     finals: dict[str, FinalRecord] = {}
     file_order: dict[str, int] = {}
@@ -129,15 +134,18 @@ def _write_fsynced(path: Path, chunks: Iterable[bytes]) -> None:
 class _Pass2:
     """Re-reads final records by position, feeds the statistics and writes the output files."""
 
-    def __init__(self, reader: RecordReader, filters: FilterConfig):
+    def __init__(self, reader: RecordReader, filters: FilterConfig, hermes: HermesWriter | None = None):
         self.reader, self.filters = reader, filters
         self.stats = StatsAccumulator()
+        self.hermes = hermes
 
     def _load(self, final: FinalRecord) -> tuple[bytes, dict[str, Any]]:
         line = self.reader.read_line(final.pos)
         record = json.loads(line)
         # Stats come from the record as written; the outcome is the one pass 1 decided.
         self.stats.add(summarize(record), final.outcome, final.reason)
+        if self.hermes is not None:
+            self.hermes.add(record, kept=final.outcome == KEPT, failed=final.outcome == FAILED)
         return line, record
 
     def write_data(self, finals: list[FinalRecord], out: Path, per_shard: int) -> int:
@@ -217,7 +225,8 @@ def _recover_leftovers(run_dir: Path) -> None:
     for entry in run_dir.glob(_TMP_PREFIX + "*"):
         if entry.is_dir() and not entry.name.startswith(_OLD_PREFIX):
             shutil.rmtree(entry, ignore_errors=True)
-    (run_dir / (STATISTICS_FILE + ".tmp")).unlink(missing_ok=True)
+    (run_dir / (STATISTICS_FILE + TMP_SUFFIX)).unlink(missing_ok=True)
+    (run_dir / (TRAJECTORIES_FILE + ".tmp")).unlink(missing_ok=True)
 
 
 def _swap_in(run_dir: Path, built: Path, token: str) -> None:
@@ -234,31 +243,28 @@ def _swap_in(run_dir: Path, built: Path, token: str) -> None:
     built.rmdir()
 
 
-def write_json_atomic(path: Path, body: Any) -> None:
-    """Write JSON via a temp file + fsync + ``os.replace``, so readers see the old or the new file."""
-    tmp = path.with_name(path.name + ".tmp")
-    _write_fsynced(tmp, [json.dumps(body, indent=2, ensure_ascii=False).encode("utf-8")])
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 def merge_run(
-    run_dir: str | os.PathLike,
+    run_dir: RunDir | str | os.PathLike,
     filters: FilterConfig,
     data_shard_records: int,
     expected_keys: set[str] | None = None,
+    hermes: HermesOptions | None = None,
 ) -> MergeResult:
     """Merge ``RUN_DIR/shards`` into the output folders; see the module docstring.
 
     ``expected_keys`` restricts the merge to those sample keys (records of other keys count as
-    ``stale``), e.g. to the current dataset when a run folder is reused.
+    ``stale``), e.g. to the current dataset when a run folder is reused. ``hermes`` also writes the kept
+    records in the reference runner's format to ``RUN_DIR/trajectories.jsonl`` and adds its keys to the
+    statistics (``raygen.output.hermes``); without it a ``trajectories.jsonl`` of an earlier merge is
+    removed, so it never disagrees with ``data/``.
     """
     if data_shard_records < 1:
         raise ValueError("data_shard_records must be >= 1")
-    run_dir = Path(run_dir)
-    _recover_leftovers(run_dir)
+    run = RunDir.of(run_dir)
+    if run.is_local:
+        _recover_leftovers(run.local_path)
     scan = ShardScanStats()
-    finals, counts = choose_finals(run_dir, filters, expected_keys, scan)
+    finals, counts = choose_finals(run, filters, expected_keys, scan)
 
     by_outcome: dict[str, list[FinalRecord]] = {KEPT: [], REJECTED: [], FAILED: []}
     for _key, final in sorted(finals.items(), key=lambda kv: (kv[1].prompt_index, kv[0])):
@@ -267,34 +273,54 @@ def merge_run(
     del finals
 
     token = uuid.uuid4().hex[:12]
-    built = run_dir / f"{_TMP_PREFIX}{token}"
+    # Built on the run's own filesystem (swapped in by renames), or locally for an object store (uploaded).
+    built = run.local_path / f"{_TMP_PREFIX}{token}" if run.is_local else Path(tempfile.mkdtemp(_TMP_PREFIX))
     for name in OUTPUT_DIRS:
         (built / name).mkdir(parents=True)
+    hermes_tmp = (run.local_path if run.is_local else built) / (TRAJECTORIES_FILE + TMP_SUFFIX)
+    hermes_writer = HermesWriter(hermes, hermes_tmp) if hermes is not None else None
     try:
-        with RecordReader() as reader:
-            writer = _Pass2(reader, filters)
-            data_shards = writer.write_data(by_outcome[KEPT], built / "data", data_shard_records)
-            writer.write_jsonl(by_outcome[REJECTED], built / "rejected", "rejected", data_shard_records)
-            writer.write_jsonl(by_outcome[FAILED], built / "failed", "failed", data_shard_records)
+        with RecordReader(run_dir=run) as reader:
+            writer = _Pass2(reader, filters, hermes_writer)
+            data_shards = writer.write_data(by_outcome[KEPT], built / DATA_DIR, data_shard_records)
+            writer.write_jsonl(by_outcome[REJECTED], built / REJECTED_DIR, REJECTED, data_shard_records)
+            writer.write_jsonl(by_outcome[FAILED], built / FAILED_DIR, FAILED, data_shard_records)
         stats = writer.stats.to_dict()
+        if hermes_writer is not None:
+            hermes_writer.close()
+            total = len(expected_keys) if expected_keys is not None else sum(map(len, by_outcome.values()))
+            stats.update(hermes_writer.statistics(total))
         stats["merge"] = {
             **counts,
             "unparseable_lines": scan.unparseable_lines,
             "shard_files": scan.files,
             "missing": missing,
         }
-        (built / "data" / "README.md").write_text(_dataset_card(stats, filters), encoding="utf-8")
-        for name in OUTPUT_DIRS:
-            fsync_dir(built / name)
-        _swap_in(run_dir, built, token)
+        (built / DATA_DIR / "README.md").write_text(_dataset_card(stats, filters), encoding="utf-8")
+        if run.is_local:
+            for name in OUTPUT_DIRS:
+                fsync_dir(built / name)
+            _swap_in(run.local_path, built, token)
+        else:
+            for name in OUTPUT_DIRS:
+                run.publish(built / name, name)
+        if hermes_writer is not None:
+            run.replace_from(hermes_tmp, TRAJECTORIES_FILE)
+        else:
+            run.delete(TRAJECTORIES_FILE)
     except BaseException:
         shutil.rmtree(built, ignore_errors=True)
-        try:  # a failed swap may have renamed an old folder away: put it back
-            _recover_leftovers(run_dir)
-        except OSError:
-            logger.exception("could not restore the previous output of %s", run_dir)
+        if hermes_writer is not None:
+            hermes_writer.abandon()
+        if run.is_local:
+            try:  # a failed swap may have renamed an old folder away: put it back
+                _recover_leftovers(run.local_path)
+            except OSError:
+                logger.exception("could not restore the previous output of %s", run)
         raise
-    write_json_atomic(run_dir / STATISTICS_FILE, stats)
+    if not run.is_local:
+        shutil.rmtree(built, ignore_errors=True)
+    run.write_json(STATISTICS_FILE, stats)
 
     result = MergeResult(
         kept=len(by_outcome[KEPT]),
