@@ -52,6 +52,11 @@ class SimConfig(_Section):
     """Share of sessions (decided per prompt) that call a tool that does not exist."""
     no_reasoning_rate: float = 0.0
     """Share of sessions (decided per prompt) whose assistant turns carry no reasoning."""
+    slow_rate: float = Field(0.0, ge=0, le=1)
+    """Share of sessions (decided per prompt) that are stragglers: each of their requests takes
+    ``slow_factor`` times the latency."""
+    slow_factor: float = Field(50.0, ge=1)
+    """How many times slower a straggler's requests are."""
     reasoning_style: Literal["field", "think", "mixed"] = "mixed"
     """Where reasoning is returned: the ``reasoning_content`` field, ``<think>`` tags in content, or both
     styles chosen per session."""
@@ -61,17 +66,14 @@ class SimConfig(_Section):
     """If set, every request is appended to this JSONL file (prompt hash, decision, status)."""
 
 
-class OpenAIModelConfig(_Section):
-    """Any OpenAI-compatible chat-completions endpoint, through the ``openai`` SDK."""
+class ChatAPIModelConfig(_Section):
+    """What the model backends spoken to over the OpenAI chat-completions API (``openai``, ``sim``) share:
+    the ``openai`` SDK client's settings."""
 
-    type: Literal["openai"] = "openai"
+    type: str
     """Backend selector."""
-    base_url: str | None = None
-    """Endpoint, e.g. ``https://openrouter.ai/api/v1``. Unset: raygen starts its simulator on loopback."""
     model: str = "raygen-sim"
     """Model name sent with each request."""
-    api_key_env: str = "OPENAI_API_KEY"
-    """Name of the environment variable holding the API key (the key itself never goes in config)."""
     timeout_s: float = 600.0
     """Timeout of one model request, in seconds."""
     max_retries: int = 8
@@ -81,6 +83,28 @@ class OpenAIModelConfig(_Section):
     max_connections: int | None = Field(None, ge=1)
     """Most HTTP connections to the endpoint per session actor; a request beyond them waits for a free one.
     Unset: ``ray.sessions_per_worker`` (a session has at most one model request in flight)."""
+
+
+class OpenAIModelConfig(ChatAPIModelConfig):
+    """Any OpenAI-compatible chat-completions endpoint, through the ``openai`` SDK. A ``model`` section
+    without ``type`` is this backend when it has a ``base_url`` (``--base-url``), else ``sim``."""
+
+    type: Literal["openai"] = "openai"
+    """Backend selector."""
+    base_url: str
+    """Endpoint, e.g. ``https://openrouter.ai/api/v1`` (required; for the built-in simulator use
+    ``type: sim``)."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Name of the environment variable holding the API key (the key itself never goes in config)."""
+
+
+class SimModelConfig(ChatAPIModelConfig):
+    """The built-in OpenAI-compatible simulator, started on loopback for the run (settings: the top-level
+    ``sim`` section) and spoken to over HTTP like any endpoint, with no API key and no cost. The default
+    model of ``raygen run`` when no endpoint is given."""
+
+    type: Literal["sim"] = "sim"
+    """Backend selector."""
 
 
 class ScriptedModelConfig(_Section):
@@ -94,7 +118,7 @@ class ScriptedModelConfig(_Section):
     """Simulated latency of each call, in seconds (none by default)."""
 
 
-ModelConfig = Annotated[OpenAIModelConfig | ScriptedModelConfig, Field(discriminator="type")]
+ModelConfig = Annotated[SimModelConfig | OpenAIModelConfig | ScriptedModelConfig, Field(discriminator="type")]
 
 
 class SamplingConfig(_Section):
@@ -129,6 +153,12 @@ class SessionConfig(_Section):
     """Upper bound on the timeout a model may ask for in a terminal call."""
     session_timeout_s: float = Field(3600.0, gt=0)
     """Hard wall-clock limit of one session; past it the session fails with ``session_timeout``."""
+    max_reply_chars: int = Field(2_000_000, ge=1000)
+    """Longest model reply (content, reasoning and tool-call arguments together, in characters); a longer
+    one ends the session with ``error:reply_too_large`` (final) and is stored cut to its head."""
+    max_record_bytes: int = Field(16 * 1024 * 1024, ge=64 * 1024)
+    """Largest stored record (its JSON, in bytes); a larger one keeps its metadata but its conversation is
+    dropped and it fails with ``error:record_too_large``."""
     secret_env: list[str] = Field(default_factory=list)
     """Names of environment variables whose values are secret (a row's ``env`` or the driver's host
     environment): the values are replaced by ``[REDACTED]`` in trajectories, even when a tool prints them,
@@ -323,7 +353,11 @@ class OutputConfig(_Section):
     """The driver flushes finished trajectories to a new shard after this many records ...
     (small values lose less work to a crash; each flush is one small file)."""
     shard_flush_s: float = Field(5.0, gt=0)
-    """... or after this many seconds, whichever comes first."""
+    """... or after this many seconds, whichever comes first (``durable_within_s`` caps it)."""
+    durable_within_s: float = Field(1.0, gt=0)
+    """Each finished session's record is on disk (written, fsynced, in a complete shard file) within
+    this many seconds of the session's end, whatever the other sessions do: what a crash of the driver
+    can cost beyond the sessions in flight (docs/resume.md)."""
     data_shard_records: int = Field(10_000, ge=1)
     """Records per merged ``data/`` shard (Parquet and JSONL)."""
     format: Literal["raygen", "hermes"] = "raygen"
@@ -357,7 +391,8 @@ class RayConfig(_Section):
 
 class GovernorConfig(_Section):
     """Cluster-wide pacing of model requests: one governor per (endpoint, model, API key) is shared by every
-    worker on every node. Off unless a limit is set or ``adaptive`` is on."""
+    worker on every node. By default it only watches until the provider answers 429 (``adaptive``);
+    off entirely with ``adaptive: false`` and no limit."""
 
     rpm: float | None = Field(None, gt=0)
     """Requests per minute allowed across the whole cluster; unset: unknown (see ``adaptive``)."""
@@ -367,31 +402,40 @@ class GovernorConfig(_Section):
     max_in_flight: int | None = Field(None, ge=1)
     """Most requests in flight at once across the cluster; unset: unlimited."""
     headroom: float = Field(0.97, gt=0, le=1)
-    """Share of ``rpm`` and ``tpm`` the governor paces to. A little under the limit, because requests
-    reach the provider with some jitter (slots used a moment after they were granted, network), and a
-    provider that enforces its limit over a window of a second or so answers a bunched second with 429s;
+    """Share of ``rpm`` and ``tpm`` (and of a limit learned from 429s) the governor paces to. A little under
+    the limit, because requests reach the provider with some jitter (slots used a moment after they were
+    granted, network) and a provider counting over a short window answers a bunched second with 429s;
     1.0 paces exactly at the limit."""
-    adaptive: bool = False
-    """Back off on 429 (multiply the target by ``decrease_factor``) and grow it again after clean, busy
-    traffic: for providers whose limit is unknown (``--adaptive``). Without ``rpm`` it starts at
-    ``initial_rpm`` and probes up to ``max_rpm``; with ``rpm`` set, ``rpm`` is both the start and the
-    ceiling. With adaptive off a 429 only pauses the cluster for its Retry-After."""
-    initial_rpm: float = Field(60.0, gt=0)
-    """Adaptive start rate when ``rpm`` is unset."""
+    adaptive: bool | None = None
+    """Learn the limit from 429s: unset (the default) means on when ``rpm`` is unset and off when it is set.
+    On and with no ``rpm``, nothing is throttled until the first 429 (a run that never gets one is never
+    slowed); that 429 sets the target to the rate the provider actually let through (requests that passed
+    over the last 10 s, divided by that span plus the provider's Retry-After), then the target grows
+    again after clean, busy traffic and each further 429 cuts it to the measured rate (AIMD). With ``rpm``
+    set and adaptive on, ``rpm`` is the start and the ceiling. Off: a 429 only pauses the cluster for its
+    Retry-After (``--adaptive/--no-adaptive``)."""
+    initial_rpm: float | None = Field(None, gt=0)
+    """Adaptive start rate when ``rpm`` is unset; from it the target doubles after each clean, busy
+    interval until the first 429 (slow start). Unset: unthrottled until the first 429."""
     max_rpm: float = Field(10_000.0, gt=0)
     """Adaptive ceiling when ``rpm`` is unset."""
     decrease_factor: float = Field(0.7, gt=0, lt=1)
-    """On a 429 the target rate is multiplied by this, at most once per ``cut_window_s``."""
-    increase_fraction: float = Field(0.05, gt=0, le=1)
-    """After ``increase_interval_s`` of clean traffic that used the target, the target grows by this
-    fraction of itself (four times that while well below the last rate that drew a 429)."""
-    increase_interval_s: float = Field(2.0, gt=0)
-    """Seconds of clean traffic between two increases of the adaptive target."""
+    """On a 429 that the measured rate cannot explain (it is at or above the target), the target is
+    multiplied by this instead; at most one cut per ``cut_window_s``."""
+    increase_fraction: float = Field(0.03, gt=0, le=1)
+    """Near the limit learned from the last 429, the target grows by this fraction of that limit after each
+    ``increase_interval_s`` of clean traffic that used the target (additive increase); far below it, or
+    before any 429, it doubles (slow start)."""
+    increase_interval_s: float = Field(1.0, gt=0)
+    """Seconds of clean traffic between two increases of the adaptive target (at least ten requests'
+    worth of the target)."""
     cut_window_s: float = Field(1.0, ge=0)
     """A burst of 429s within this many seconds cuts the target once."""
-    burst_s: float = Field(1.0, gt=0)
-    """Pacing window: at most this many seconds' worth of the rate goes out at once, because providers
-    enforce per-minute limits over much shorter windows."""
+    burst_s: float = Field(0.03, gt=0)
+    """Pacing burst: at most this many seconds' worth of the rate (at least one request) goes out at once.
+    The strictest way a provider counts is a sliding window of one second: paced at ``headroom`` of the
+    limit it has room for ``(1 - headroom)`` seconds' worth of burst, hence 0.03 s with the default
+    headroom. Longer windows, fixed windows and token buckets all hold with it too."""
     lease_size: int = Field(8, ge=1)
     """Most request slots a worker takes from the governor in one remote call."""
     lease_ttl_s: float = Field(2.0, gt=0)
@@ -401,13 +445,13 @@ class GovernorConfig(_Section):
 
     @model_validator(mode="after")
     def _initial_within_ceiling(self) -> GovernorConfig:
-        if self.rpm is None and self.initial_rpm > self.max_rpm:
+        if self.rpm is None and self.initial_rpm is not None and self.initial_rpm > self.max_rpm:
             raise ValueError("initial_rpm must not exceed max_rpm")
         return self
 
     def resolved_adaptive(self) -> bool:
-        """Whether AIMD is on (opt-in, so a run with no limits configured is never throttled)."""
-        return self.adaptive
+        """Whether the governor learns the limit from 429s: ``adaptive``; unset: when ``rpm`` is unset."""
+        return self.adaptive if self.adaptive is not None else self.rpm is None
 
     def limits_anything(self) -> bool:
         """False when there is nothing to govern (no limit and adaptive off): callers use ``NoGate``."""
@@ -425,6 +469,9 @@ class RetryConfig(_Section):
     pass_delay_s: float = Field(5.0, ge=0)
     """Pause before re-running the failed samples of a pass, so a provider or node can recover; doubles
     with each further pass (backoff)."""
+    drain_timeout_s: float = Field(60.0, ge=0)
+    """On SIGTERM, SIGINT or SIGUSR1 the run drains: no new session starts, sessions in flight get this
+    many seconds to finish, everything finished is merged, and raygen exits with code 75 (resumable)."""
 
 
 class HygieneConfig(_Section):
@@ -460,7 +507,7 @@ class RunConfig(_Section):
     """Take only the first N valid rows."""
     seed: int = 0
     """Run seed: with the prompt's key it seeds the toolset draw."""
-    model: ModelConfig = Field(default_factory=OpenAIModelConfig)
+    model: ModelConfig = Field(default_factory=SimModelConfig)
     """Model backend."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     """Request options."""
@@ -477,7 +524,7 @@ class RunConfig(_Section):
     ray: RayConfig = Field(default_factory=RayConfig)
     """Distributed settings."""
     sim: SimConfig = Field(default_factory=SimConfig)
-    """Settings of the built-in simulator when no ``model.base_url`` is given."""
+    """Settings of the built-in simulator (``model.type: sim``, the default model)."""
     retry: RetryConfig = Field(default_factory=RetryConfig)
     """Retry policy for infrastructure failures."""
     governor: GovernorConfig = Field(default_factory=GovernorConfig)
