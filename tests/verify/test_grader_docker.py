@@ -17,7 +17,7 @@ from raygen.session.agent import SessionRunner
 from tests.verify.helpers import ToolScript, runner, sample_of, shell, solutions, task_rows, write
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
-from test_docker_engine import docker_skip_reason  # noqa: E402
+from test_docker_engine import docker_skip_reason
 
 pytestmark = pytest.mark.docker
 
@@ -58,7 +58,11 @@ async def test_rewards_in_both_modes(docker_config, mode):
 async def test_hidden_files_are_hidden_and_tampering_does_not_pay(docker_config, mode):
     turns = [
         [shell("ls -a /work; cat test_hidden.py")],
-        [write("solution.py", WRONG), write("test_hidden.py", "print('fine')\n"), shell("rm -f test_hidden.py")],
+        [
+            write("solution.py", WRONG),
+            write("test_hidden.py", "print('fine')\n"),
+            shell("rm -f test_hidden.py"),
+        ],
     ]
     model = ToolScript(turns)
     rec = await docker_runner(model, docker_config).run(sample_of(ROW, mode=mode))
