@@ -31,9 +31,9 @@ def raygen(*args: str, env: dict | None = None, timeout: int = 600) -> subproces
 
 
 @pytest.fixture(scope="module")
-def e2e(tmp_path_factory, shared_dataset):
+def e2e(tmp_path_factory, agent_tasks):
     tmp = tmp_path_factory.mktemp("e2e")
-    rows = [json.loads(line) for line in shared_dataset.read_text().splitlines()]
+    rows = [json.loads(line) for line in agent_tasks.read_text().splitlines()]
     # every category, the edge rows (20k-char prompt, unicode, tags in text, a duplicate prompt)
     picked = [r for r in rows if r["category"] != "edge"][::12] + [r for r in rows if r["category"] == "edge"]
     picked.append(next(r for r in rows if r["id"] == "intercode-nl2bash_fs_1-000"))  # twin of edge-05

@@ -29,13 +29,13 @@ def quiet() -> Console:
     return Console(file=io.StringIO())
 
 
-def test_needs_isolation_rows_refused_on_bare_local_with_a_real_model(tmp_path, shared_dataset, monkeypatch):
+def test_needs_isolation_rows_refused_on_bare_local_with_a_real_model(tmp_path, agent_tasks, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    config = cfg(tmp_path, shared_dataset, base_url="http://127.0.0.1:9/v1")
+    config = cfg(tmp_path, agent_tasks, base_url="http://127.0.0.1:9/v1")
     with pytest.raises(ConfigError, match="needs_isolation"):
         run(config, dry_run=True, console=quiet())
     # with the simulator (no base_url) the scripted policy only runs printf: allowed
-    result = run(cfg(tmp_path, shared_dataset), dry_run=True, console=quiet())
+    result = run(cfg(tmp_path, agent_tasks), dry_run=True, console=quiet())
     assert result.pending == 589 and not (tmp_path / "runs").exists()
 
 

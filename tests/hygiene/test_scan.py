@@ -1,4 +1,4 @@
-"""scan_hygiene and ``raygen hygiene`` on planted files, an eval set, and the shared real dataset."""
+"""scan_hygiene and ``raygen hygiene`` on planted files, an eval set, and the real dataset (tests/data)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from raygen.errors import ConfigError
 from raygen.hygiene import scan_hygiene
 from raygen.hygiene.overlap import EvalIndex
 
-SHARED = Path("/work/shared/datasets/agent-tasks.jsonl")
 AWS_KEY = "AKIAIOSFODNN7EXAMPLE"
 GITHUB_TOKEN = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
 URL_PASSWORD = "Sup3rS3cretPw"
@@ -134,9 +133,8 @@ def test_cli_exit_codes_and_masked_json(planted, tmp_path):
     assert runner.invoke(app, ["hygiene", str(tmp_path / "missing.jsonl")]).exit_code == 2
 
 
-@pytest.mark.skipif(not SHARED.exists(), reason="shared dataset not present")
-def test_shared_dataset_counts_are_plausible(tmp_path):
-    report = scan_hygiene(SHARED)
+def test_real_dataset_counts_are_plausible(tmp_path, agent_tasks):
+    report = scan_hygiene(agent_tasks)
     # 589 public-benchmark prompts (code, SQL, shell tasks): no credentials, no personal data; the
     # destructive shell tasks are natural language ("Remove all *.txt files ..."), not commands.
     assert report.rows >= 580
@@ -144,10 +142,10 @@ def test_shared_dataset_counts_are_plausible(tmp_path):
     assert report.unsafe_commands == {}
     # HumanEval prompts as an eval set (without the generation set's instruction line): most of the 164
     # are found, nothing else is.
-    rows = [json.loads(line) for line in SHARED.open(encoding="utf-8")]
+    rows = [json.loads(line) for line in agent_tasks.open(encoding="utf-8")]
     humaneval = [r["prompt"].split("\n\n", 1)[1] for r in rows if r["id"].startswith("humaneval-")]
     eval_set = write_jsonl(tmp_path / "he.jsonl", [{"prompt": p} for p in humaneval])
-    report = scan_hygiene(SHARED, HygieneConfig(eval_set=eval_set))
+    report = scan_hygiene(agent_tasks, HygieneConfig(eval_set=eval_set))
     lines = {o.line for o in report.overlaps}
     he_lines = {i for i, r in enumerate(rows, 1) if r["id"].startswith("humaneval-")}
     assert len(lines & he_lines) >= 0.6 * len(he_lines)

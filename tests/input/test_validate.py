@@ -12,7 +12,6 @@ from raygen.input import validate
 from raygen.input.rows import PromptRow, make_sample_key
 from raygen.input.validate import iter_samples, scan_dataset
 
-REAL_DATASET = Path(__file__).parents[2].parent / "shared/datasets/agent-tasks.jsonl"
 KNOWN = {"terminal", "file"}
 
 
@@ -125,20 +124,18 @@ def test_did_you_mean_and_unknown_fields_move_into_metadata(tmp_path):
     assert samples[2].row.metadata == {"zzzzqq": 1}
 
 
-def test_real_dataset_validates(tmp_path):
-    if not REAL_DATASET.exists():
-        pytest.skip(f"shared dataset not present at {REAL_DATASET}")
-    report = scan_dataset(REAL_DATASET, known_toolsets=KNOWN)
+def test_real_dataset_validates(agent_tasks):
+    report = scan_dataset(agent_tasks, known_toolsets=KNOWN)
     assert report.ok, [str(p) for p in report.problems]
     assert report.rows == 589
     assert report.per_category == {"bash": 224, "sql": 98, "python": 262, "edge": 5}
     assert report.identical_prompts == 1
     assert [n.field for n in report.notices] == ["prompt"]
-    assert report.size_bytes == REAL_DATASET.stat().st_size
+    assert report.size_bytes == agent_tasks.stat().st_size
     assert report.to_dict()["ok"] is True
     json.dumps(report.to_dict())  # JSON-able
 
-    samples = list(iter_samples(REAL_DATASET, run_seed=3, distribution=FixedDraw(["terminal"])))
+    samples = list(iter_samples(agent_tasks, run_seed=3, distribution=FixedDraw(["terminal"])))
     assert [s.prompt_index for s in samples] == list(range(589))
     assert len({s.sample_key for s in samples}) == 589
     assert len({s.record_id for s in samples}) == 589
