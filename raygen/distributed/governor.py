@@ -151,6 +151,7 @@ def make_gate(config: GovernorConfig, base_url: str | None, model: str, api_key:
         gate = _GATES[name] = GovernorGate(
             resolve(),
             lease_size=config.lease_size,
+            max_pause_s=config.max_pause_s,
             lookahead=not capped,
             report_interval_s=REPORT_INTERVAL_S / 4 if capped else REPORT_INTERVAL_S,
             resolve=resolve,

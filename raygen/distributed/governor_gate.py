@@ -106,6 +106,7 @@ class GovernorGate:
         governor: Any,
         *,
         lease_size: int = 8,
+        max_pause_s: float = 120.0,
         lookahead: bool = True,
         report_interval_s: float = REPORT_INTERVAL_S,
         holder: str | None = None,
@@ -116,6 +117,9 @@ class GovernorGate:
             _ActorRemote(governor, resolve) if isinstance(governor, ray.actor.ActorHandle) else governor
         )
         self._lease_size = lease_size
+        # The governor caps a cluster pause at max_pause_s; this worker's own pause obeys the same cap, so
+        # one absurd Retry-After (100000 s) cannot freeze every session of the process.
+        self._max_pause_s = max_pause_s
         # Leasing ahead of demand would hold in-flight capacity idle; off when an in-flight cap is set.
         self._lookahead = lookahead
         self._report_interval_s = report_interval_s
@@ -196,8 +200,11 @@ class GovernorGate:
         # "this was the window's last request", which the governor's own pacing already knows; pausing
         # the whole cluster until the reset then wasted up to a second of every window (measured: 83%
         # of a known limit used; bench/README.md has the figures since).
-        header_pause = pause_from_headers(headers) if status == 429 else 0.0
-        pause = max(retry_after_s or 0.0, header_pause)
+        # A 429's Retry-After is the provider's own answer to "when may I send again"; its reset headers
+        # say when the whole allowance is back (a sliding window's reset is a full window away), so they
+        # are the fallback when it gives no Retry-After.
+        header_pause = pause_from_headers(headers) if status == 429 and retry_after_s is None else 0.0
+        pause = min(max(retry_after_s or 0.0, header_pause), self._max_pause_s)
         if pause > 0:
             report.pause_s = max(report.pause_s, pause)
         report.in_flight = self._in_flight
@@ -329,6 +336,9 @@ class GovernorGate:
     def _absorb(self, lease: Lease) -> None:
         now = self._loop.time()
         self._last_contact = now
+        if lease.epoch >= 0 and any(held.epoch < lease.epoch for held in self._leases):
+            # The target was cut since these slots were granted: they belong to the rate that drew 429s.
+            self._return_slots(lambda held: held.epoch < lease.epoch)
         if lease.pause_s > 0:
             self._pause_until = max(self._pause_until, now + lease.pause_s)
         if lease.requests > 0:
