@@ -57,6 +57,11 @@ class SimConfig(_Section):
     ``slow_factor`` times the latency."""
     slow_factor: float = Field(50.0, ge=1)
     """How many times slower a straggler's requests are."""
+    provider_name: str | None = None
+    """Name returned in each response's ``provider`` field, as OpenRouter names the upstream that served
+    the call (recorded per turn in ``turns``); unset: no such field."""
+    stream_chunk_delay_s: float = Field(0.0, ge=0)
+    """Pause before each chunk of a streamed (``stream: true``) answer, in seconds."""
     reasoning_style: Literal["field", "think", "mixed"] = "mixed"
     """Where reasoning is returned: the ``reasoning_content`` field, ``<think>`` tags in content, or both
     styles chosen per session."""
@@ -64,6 +69,12 @@ class SimConfig(_Section):
     """Seed for the per-prompt decisions and the latency jitter."""
     log_path: Path | None = None
     """If set, every request is appended to this JSONL file (prompt hash, decision, status)."""
+    solutions_file: Path | None = None
+    """For verified-task demos and tests: a JSONL of reference solutions (``{"id", "solution_py"}``, as
+    ``verified-tasks.solutions.jsonl``). A prompt asking to write a Python file gets the one completing its
+    code in a share ``solve_rate`` of sessions, else the bare code (which fails the hidden tests)."""
+    solve_rate: float = Field(0.5, ge=0, le=1)
+    """Share of coding sessions (drawn per prompt and request ``seed``) that write the reference solution."""
 
 
 class ChatAPIModelConfig(_Section):
@@ -338,6 +349,9 @@ class FilterConfig(_Section):
     """Reject sessions that called a tool that was not offered."""
     incomplete: bool = False
     """Reject sessions that did not complete (e.g. hit ``max_turns``)."""
+    truncated: bool = True
+    """Reject sessions ended by a reply cut at the token limit (``finish_reason: length``; exit status
+    ``truncated``)."""
     unsafe_actions: bool = False
     """Reject sessions with a tool call labelled by the unsafe-action rule set (``raygen/safety``)."""
 
@@ -345,8 +359,11 @@ class FilterConfig(_Section):
 class OutputConfig(_Section):
     """Where and how results are written."""
 
-    output_dir: Path = Path("runs")
-    """Parent folder of run folders."""
+    output_dir: str = "runs"
+    """Parent folder of run folders: a local path, a path on a shared filesystem (Lustre, GPFS, NFS), or an
+    object-store URI (``s3://bucket/prefix``, ``gs://bucket/prefix``) read and written through
+    ``pyarrow.fs``; credentials come from the provider's environment and config (``AWS_*`` variables,
+    ``~/.aws``), never from here (docs/resume.md)."""
     run_name: str | None = None
     """Run folder name; unset: the dataset's name plus a UTC timestamp."""
     shard_max_records: int = Field(64, ge=1)

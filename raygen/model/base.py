@@ -3,8 +3,21 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
+
+SAMPLE_INDEX: ContextVar[int | None] = ContextVar("raygen_sample_index", default=None)
+"""Set by the session while it runs one sample of a group (``--samples-per-prompt`` K > 1): the sample's
+index. K samples sent with one fixed seed would come back as K copies, so models send
+``request_seed(sampling.seed)`` instead of the configured seed."""
+
+
+def request_seed(configured: int | None) -> int | None:
+    """The ``seed`` of a request: the configured one, or for a sample of a group ``(configured or 0) +
+    its index`` (the samples differ, and each is reproducible where the provider honours seeds)."""
+    index = SAMPLE_INDEX.get()
+    return configured if index is None else (configured or 0) + index
 
 
 @dataclass

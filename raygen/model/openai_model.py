@@ -7,15 +7,16 @@ provider's ``Retry-After``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 import openai
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from raygen.config import OpenAIModelConfig, SamplingConfig
+from raygen.config import ChatAPIModelConfig, SamplingConfig
 from raygen.errors import SessionFailure
-from raygen.model.base import ChatModel, Completion
+from raygen.model.base import ChatModel, Completion, request_seed
 from raygen.model.gate import NoGate, RateGate
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def connection_limits(max_connections: int) -> Any:
 class OpenAIChatModel(ChatModel):
     def __init__(
         self,
-        config: OpenAIModelConfig,
+        config: ChatAPIModelConfig,
         sampling: SamplingConfig,
         *,
         api_key: str,
@@ -105,8 +106,8 @@ class OpenAIChatModel(ChatModel):
             payload["max_tokens"] = s.max_tokens
         if s.temperature is not None:
             payload["temperature"] = s.temperature
-        if s.seed is not None:
-            payload["seed"] = s.seed
+        if (seed := request_seed(s.seed)) is not None:
+            payload["seed"] = seed
         if s.extra_body:
             payload.update(s.extra_body)  # provider options (OpenRouter routing, reasoning effort, ...)
         return {"model": self.name, "messages": [], "extra_body": payload}
@@ -125,7 +126,7 @@ class OpenAIChatModel(ChatModel):
                 with attempt:
                     return await self._attempt(body, est)
         except _Transient as exc:
-            kind = "rate_limited" if exc.kind == "rate_limited" else "provider_unavailable"
+            kind = exc.kind if exc.kind in ("rate_limited", "provider_malformed") else "provider_unavailable"
             raise SessionFailure(
                 kind, f"after {self.config.max_retries + 1} attempts: {exc.detail}"
             ) from None
@@ -140,7 +141,15 @@ class OpenAIChatModel(ChatModel):
     async def _attempt(self, body: dict[str, Any], est: int) -> Completion:
         permit = await self.gate.acquire(est)
         try:
-            raw = await self.client.chat.completions.with_raw_response.create(**body)
+            # The SDK's timeout bounds each read, so a body trickling one byte at a time would never end:
+            # this bounds the whole request (send, wait, read and parse).
+            async with asyncio.timeout(self.config.timeout_s):
+                raw = await self.client.chat.completions.with_raw_response.create(**body)
+                response = raw.parse()
+        except TimeoutError:
+            self.gate.release(permit, status=None)
+            detail = f"no complete response within model.timeout_s={self.config.timeout_s:g} s"
+            raise _Transient("provider_unavailable", detail) from None
         except openai.APIStatusError as exc:
             headers = dict(exc.response.headers)
             retry_after = _retry_after(exc.response.headers)
@@ -149,10 +158,17 @@ class OpenAIChatModel(ChatModel):
         except (openai.APITimeoutError, openai.APIConnectionError) as exc:
             self.gate.release(permit, status=None)
             raise _Transient("provider_unavailable", f"{type(exc).__name__}: {exc}") from None
+        except (ValueError, openai.APIResponseValidationError) as exc:
+            # A 200 whose body is not JSON (UnicodeDecodeError is a ValueError too) or not a completion:
+            # the provider's fault, and often a one-off of a proxy in between, so retried.
+            self.gate.release(permit, status=None)
+            raise _Transient("provider_malformed", f"unreadable response body: {_first_line(exc)}") from None
         except BaseException:
             self.gate.release(permit, status=None)
             raise
-        response = raw.parse()
+        if not isinstance(getattr(response, "choices", None), list):  # valid JSON, but not a completion
+            self.gate.release(permit, status=None)
+            raise _Transient("provider_malformed", f"not a chat completion: {str(response)[:200]}")
         usage = response.usage
         prompt_tokens = usage.prompt_tokens if usage else 0
         completion_tokens = usage.completion_tokens if usage else 0
@@ -194,6 +210,10 @@ def _classify_status(exc: openai.APIStatusError, retry_after: float | None) -> E
     if "context" in text and ("length" in text or "window" in text or "too long" in text):
         return SessionFailure("context_length", detail)
     return SessionFailure("provider_bad_request", detail)
+
+
+def _first_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
 
 
 def _short(exc: openai.APIStatusError) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 
 from raygen.config import ScriptedModelConfig, SimConfig
 from raygen.errors import SessionFailure
-from raygen.model.base import ChatModel, Completion
+from raygen.model.base import ChatModel, Completion, request_seed
 from raygen.sim.policy import is_nonexistent_model, respond
 
 
@@ -28,6 +28,8 @@ class ScriptedModel(ChatModel):
         if self.config.latency_s > 0:
             await asyncio.sleep(self.config.latency_s)
         request = {"model": self.config.model, "messages": messages, "tools": tools}
+        if (seed := request_seed(None)) is not None:
+            request["seed"] = seed
         reply = respond(request, self.sim)
         return Completion(
             # Like the HTTP client (the SDK's ``model_dump(exclude_none=True)``): no ``content: None``.

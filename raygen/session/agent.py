@@ -21,7 +21,7 @@ from raygen.config import SessionConfig
 from raygen.envs import EnvSpec, create_environment, environment_class
 from raygen.errors import SessionFailure
 from raygen.input.rows import Sample
-from raygen.model.base import ChatModel
+from raygen.model.base import SAMPLE_INDEX, ChatModel
 from raygen.records import (
     Artifact,
     EnvInfo,
@@ -30,6 +30,7 @@ from raygen.records import (
     Timing,
     ToolStat,
     Trajectory,
+    TurnInfo,
     Usage,
     Verification,
 )
@@ -78,6 +79,8 @@ class SessionRunner:
     async def run(self, sample: Sample) -> Trajectory:
         """Run one sample to a Trajectory. Never raises except on cancellation."""
         state = _SessionState(sample, self)
+        # A sample of a group asks the model for its own seed (raygen.model.base.request_seed).
+        index = SAMPLE_INDEX.set(sample.sample_index if sample.group_id is not None else None)
         try:
             async with asyncio.timeout(self.cfg.session_timeout_s):
                 await state.run()
@@ -88,6 +91,8 @@ class SessionRunner:
         except Exception as exc:  # a bug must cost one session, not the run
             log.exception("session %s crashed", sample.sample_key)
             state.fail("error:internal", "".join(traceback.format_exception_only(exc)).strip())
+        finally:
+            SAMPLE_INDEX.reset(index)
         return state.to_record()
 
 
@@ -111,6 +116,7 @@ class _SessionState:
         row_secrets = [v for k, v in sample.row.env.items() if k in runner.cfg.secret_env]
         self.scrubber = Scrubber(runner.scrubber.values + row_secrets) if row_secrets else runner.scrubber
         self.reasoning = ReasoningCounts()
+        self.turns: list[TurnInfo] = []
         self.usage = Usage()
         self.api_calls = 0
         self.completed = False
@@ -202,6 +208,9 @@ class _SessionState:
             self.usage.completion_tokens += completion.completion_tokens
             message = {k: v for k, v in completion.message.items() if v is not None}
             message["role"] = "assistant"
+            self.turns.append(
+                TurnInfo(finish_reason=completion.finish_reason, provider=completion.extra.get("provider"))
+            )
             size, limit = reply_chars(message), self.r.cfg.max_reply_chars
             if size > limit:
                 self.messages.append(cut_reply(message, size))  # its head, so the record shows what came
@@ -212,6 +221,10 @@ class _SessionState:
                 self.reasoning.with_reasoning += 1
             else:
                 self.reasoning.without_reasoning += 1
+            if completion.finish_reason == "length":
+                # Cut at the token limit: not an answer, and its tool calls may be cut too (never run).
+                self.exit_status = "truncated"
+                return
             calls = message.get("tool_calls") or []
             if not calls:
                 self.completed, self.exit_status = True, "completed"
@@ -319,6 +332,7 @@ class _SessionState:
             reward=self.reward,
             verification=self.verification,
             artifacts=self.artifacts,
+            turns=self.turns,
         )
         return capped_record(self.scrubber.scrub_record(record), self.r.cfg.max_record_bytes)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raygen.config import SimConfig
+from raygen.sim.coding import coding_step
 
 NONEXISTENT_MODEL_PREFIX = "nonexistent"
 """Model names starting with this are unknown to the simulator (HTTP 404; for failure-path tests)."""
@@ -93,6 +94,13 @@ def plan_for(prompt_text: str, cfg: SimConfig) -> Plan:
         reasoning_style=style,
         nonce=digest[12:16].hex(),
     )
+
+
+def is_slow(prompt_text: str, cfg: SimConfig) -> bool:
+    """Whether a prompt's session is a straggler (``sim.slow_rate``): every request of it takes
+    ``sim.slow_factor`` times the latency. Decided per prompt like the plan, so tests can tell which."""
+    digest = hashlib.sha256(f"{cfg.seed}:slow:{prompt_text}".encode()).digest()
+    return _unit(digest, 0) < cfg.slow_rate
 
 
 def message_text(content: Any) -> str:
@@ -292,6 +300,10 @@ def respond(request: dict[str, Any], cfg: SimConfig) -> PolicyReply:
         visible, reasoning = _final_text(verify, offered)
     else:
         visible, reasoning = None, _REASONING[action]
+    coding = coding_step(prompt, offered, [name for name, _, _ in history.calls], cfg, request.get("seed"))
+    if coding is not None:  # a "write solution.py" task replaces the probe script (raygen.sim.coding)
+        calls, visible, reasoning = coding.calls, coding.visible, coding.reasoning
+        decision.update(coding.decision)
 
     message: dict[str, Any] = {"role": "assistant", "content": visible}
     if plan.reason and plan.reasoning_style == "field":
@@ -310,10 +322,25 @@ def respond(request: dict[str, Any], cfg: SimConfig) -> PolicyReply:
 
     completion_chars = len(message["content"] or "") + len(message.get("reasoning_content", ""))
     completion_chars += sum(len(tc["function"]["arguments"]) for tc in message.get("tool_calls", ()))
-    return PolicyReply(
+    reply = PolicyReply(
         message=message,
         prompt_tokens=_estimate_tokens(_prompt_chars(messages, tools)),
         completion_tokens=_estimate_tokens(completion_chars),
         finish_reason="tool_calls" if calls else "stop",
         decision=decision,
     )
+    return _within_token_limit(reply, request.get("max_tokens") or request.get("max_completion_tokens"))
+
+
+def _within_token_limit(reply: PolicyReply, max_tokens: Any) -> PolicyReply:
+    """A reply longer than the request's ``max_tokens`` is cut as providers cut it: the text stops at the
+    limit, the tool calls are lost and ``finish_reason`` is ``length``."""
+    if not isinstance(max_tokens, int) or reply.completion_tokens <= max_tokens:
+        return reply
+    message = reply.message
+    text = (message.get("reasoning_content") or "") + (message.get("content") or "")
+    for call in message.get("tool_calls") or ():
+        text += json.dumps(call["function"])
+    cut = {"role": "assistant", "content": text[: max(0, max_tokens) * 4]}
+    decision = {**reply.decision, "truncated_at": max_tokens}
+    return PolicyReply(cut, reply.prompt_tokens, max_tokens, "length", decision)
