@@ -8,7 +8,10 @@ finished record is scrubbed once more as a whole.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 
+from raygen.envs.host import looks_secret
 from raygen.records import Trajectory
 
 REDACTED = "[REDACTED]"
@@ -36,3 +39,10 @@ class Scrubber:
         for e in escaped:
             blob = blob.replace(e, REDACTED)
         return Trajectory.model_validate_json(blob)
+
+
+def worker_secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Values of this process's variables named like credentials (``*KEY*``, ``*TOKEN*``, ``*SECRET*``,
+    ...; see ``raygen.envs.host.looks_secret``): redacted like the API key wherever a session runs."""
+    environ = os.environ if environ is None else environ
+    return [value for name, value in environ.items() if value and looks_secret(name)]

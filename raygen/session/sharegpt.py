@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from raygen.session.limits import stored_arguments
 from raygen.session.reasoning import split_reasoning
 
 
@@ -71,6 +72,9 @@ def _render_assistant(message: dict[str, Any]) -> str:
         parts.append(content)
     for call in message.get("tool_calls") or []:
         fn = call.get("function", {})
-        payload = {"name": fn.get("name"), "arguments": _maybe_json(fn.get("arguments"))}
+        arguments = fn.get("arguments")
+        if isinstance(arguments, str):
+            arguments = stored_arguments(arguments)  # a huge one is stored once, in the raw messages
+        payload = {"name": fn.get("name"), "arguments": _maybe_json(arguments)}
         parts.append(f"<tool_call>\n{_dumps(payload)}\n</tool_call>")
     return "\n".join(parts)

@@ -6,6 +6,11 @@ from typing import Any
 
 from raygen.tools.base import Tool, ToolContext, ToolResult, Toolset, cap_text, check_arguments, fit_json
 
+MAX_COMMAND_BYTES = 128 * 1024 - 1
+"""Longest command line (UTF-8 bytes): Linux refuses a longer single argument to a program (E2BIG,
+MAX_ARG_STRLEN), on every backend. A longer command is the model's mistake, shown to it, not a lost
+environment; large content belongs in ``write_file``."""
+
 
 class TerminalTool(Tool):
     """``terminal(command, timeout?)`` -> ``{"output", "exit_code"[, "timed_out"][, "truncated"]}``."""
@@ -30,8 +35,8 @@ class TerminalTool(Tool):
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         problem = check_arguments(self.parameters, args)
-        if problem is None and not args["command"].strip():
-            problem = "argument 'command' is empty"
+        if problem is None:
+            problem = _command_problem(args["command"])
         timeout = args.get("timeout")
         if problem is None and timeout is not None and not timeout > 0:  # "not >" also refuses NaN
             problem = "argument 'timeout' must be positive"
@@ -55,6 +60,20 @@ class TerminalTool(Tool):
         if result.exit_code != 0:
             return ToolResult.json(payload, ok=False, error_kind="execution")
         return ToolResult.json(payload)
+
+
+def _command_problem(command: str) -> str | None:
+    if not command.strip():
+        return "argument 'command' is empty"
+    if "\x00" in command:
+        return "argument 'command' contains a NUL character, which no shell command can hold"
+    size = len(command.encode("utf-8", "surrogatepass"))
+    if size > MAX_COMMAND_BYTES:
+        return (
+            f"argument 'command' is {size} bytes, over the {MAX_COMMAND_BYTES}-byte limit of one command "
+            "line; write large content with write_file and run a short command on it"
+        )
+    return None
 
 
 def terminal_toolset() -> Toolset:

@@ -18,8 +18,8 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 async def test_an_absurd_retry_after_pauses_the_gate_at_most_max_pause_s():
     config = GovernorConfig(rpm=600, max_pause_s=1.0)
     gate = GovernorGate(GovernorService(config), max_pause_s=config.max_pause_s)
-    model_config = OpenAIModelConfig(max_retries=2, retry_max_wait_s=0.5)
     async with HostileProvider([status(503, {"Retry-After": "100000"}), answer("ok")]) as provider:
+        model_config = OpenAIModelConfig(base_url=provider.url, max_retries=2, retry_max_wait_s=0.5)
         m = OpenAIChatModel(model_config, SamplingConfig(), api_key="sk-t", base_url=provider.url, gate=gate)
         t0 = time.monotonic()
         # Bounded: an uncapped pause would hang here for 100000 s.
@@ -31,4 +31,3 @@ async def test_an_absurd_retry_after_pauses_the_gate_at_most_max_pause_s():
     assert first.message["content"] == second.message["content"] == "ok"
     assert provider.requests == 3
     assert took < 5, f"the gate honoured the 100000 s Retry-After ({took:.1f} s)"
-
