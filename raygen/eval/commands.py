@@ -24,8 +24,9 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(2)
 
 
+# Run folders are str, not Path: they may be object-store URIs (Path would fold s3://b into s3:/b).
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="A merged run folder.")],
+    run_dir: Annotated[str, typer.Argument(help="A merged run folder (a path, or s3://... / gs://...).")],
     output: Annotated[Path | None, Opt("--out", "-o", help="HTML file [RUN_DIR/report.html].")] = None,
     sample: Annotated[int, Opt("--sample", min=0, help="Most trajectories in the viewer.")] = 500,
     seed: Annotated[int, Opt(help="Seed of the viewer's sample.")] = 0,
@@ -52,7 +53,7 @@ def report(
 
 
 def sample(
-    run_dir: Annotated[Path, typer.Argument(help="A merged run folder.")],
+    run_dir: Annotated[str, typer.Argument(help="A merged run folder (a path, or s3://... / gs://...).")],
     per_category: Annotated[
         int, Opt("--per-category", min=1, help="Sessions per category (and per included outcome).")
     ],
@@ -168,8 +169,8 @@ def print_comparison(doc: dict[str, Any], console: Console) -> None:
 
 
 def compare(
-    run_a: Annotated[Path, typer.Argument(help="Run folder A.")],
-    run_b: Annotated[Path, typer.Argument(help="Run folder B.")],
+    run_a: Annotated[str, typer.Argument(help="Run folder A.")],
+    run_b: Annotated[str, typer.Argument(help="Run folder B.")],
     force: Annotated[bool, Opt(help="Compare even if model, tools, limits or route differ.")] = False,
     as_json: Annotated[bool, Opt("--json", help="Print the comparison as JSON.")] = False,
 ) -> None:
@@ -178,7 +179,7 @@ def compare(
 
     try:
         doc = compare_runs(run_a, run_b, force=force)
-    except ConfigError as exc:
+    except (ConfigError, OSError) as exc:
         _fail(exc)
     if as_json:
         typer.echo(json.dumps(doc, indent=2, ensure_ascii=False, default=str))

@@ -37,13 +37,13 @@ from raygen.eval.sections import (
 from raygen.eval.strata import StratifiedSampler
 from raygen.eval.viewer import embed_json, viewer_entry
 from raygen.output.filters import OUTCOMES
+from raygen.output.run_dir import REPORT_FILE, RunDir
 from raygen.output.shards import RecordReader
 
 DEFAULT_SAMPLE = 500
 """Most trajectories embedded in the viewer."""
 DEFAULT_VIEWER_BUDGET = 3_000_000
 """Bytes of viewer JSON shared by the embedded trajectories (each is cut to its share)."""
-REPORT_FILE = "report.html"
 _MARKER = re.compile(r"@@(TITLE|BODY|DATA)@@")
 _NAV = (
     ("manifest", "Manifest"),
@@ -61,7 +61,8 @@ _NAV = (
 class ReportResult:
     """What ``write_report`` wrote and what it cost."""
 
-    path: Path
+    path: Path | str
+    """A local file, or the URI of the run's own ``report.html`` on an object store."""
     size_bytes: int
     records_scanned: int
     trajectories_embedded: int
@@ -131,11 +132,13 @@ def _viewer_section(entries: list[dict[str, Any]], sampler: StratifiedSampler, s
     )
 
 
-def _sample_entries(sampler: StratifiedSampler, limit: int, budget: int) -> list[dict[str, Any]]:
+def _sample_entries(
+    run_dir: RunDir, sampler: StratifiedSampler, limit: int, budget: int
+) -> list[dict[str, Any]]:
     picks = [item for items in sampler.take(limit).values() for item in items]
     per_entry = budget // max(len(picks), 1)
     entries = []
-    with RecordReader() as reader:
+    with RecordReader(run_dir=run_dir) as reader:
         for pos, outcome, reason in picks:
             entries.append(viewer_entry(reader.read(pos), outcome, reason, per_entry))
     entries.sort(key=lambda e: (e["category"], OUTCOMES.index(e["outcome"]), e["id"]))
@@ -143,7 +146,7 @@ def _sample_entries(sampler: StratifiedSampler, limit: int, budget: int) -> list
 
 
 def build_report(
-    run_dir: str | Path,
+    run_dir: RunDir | str | Path,
     *,
     sample_size: int = DEFAULT_SAMPLE,
     seed: int = 0,
@@ -157,14 +160,14 @@ def build_report(
     for item in iter_run_records(info.run_dir, counts=counts):
         profile.add(item.record)
         sampler.offer((item.category, item.outcome), item.key, (item.pos, item.outcome, item.reason))
-    entries = _sample_entries(sampler, sample_size, viewer_budget)
+    entries = _sample_entries(info.run_dir, sampler, sample_size, viewer_budget)
 
     stats, profile_doc = info.statistics, profile.to_dict()
     generated = datetime.now(UTC).isoformat(timespec="seconds")
     nav = "".join(f'<a href="#{anchor}">{esc(label)}</a>' for anchor, label in _NAV)
     body = (
         f"<header><h1>raygen report · {esc(info.name)}</h1>"
-        f'<div class="sub">{esc(info.run_dir.resolve())} · generated {esc(generated)}</div></header>'
+        f'<div class="sub">{esc(_where(info.run_dir))} · generated {esc(generated)}</div></header>'
         f"<nav>{nav}</nav><main>"
         + manifest_section(info.manifest)
         + accounting_section(stats, _consistency_notes(stats, counts))
@@ -187,22 +190,32 @@ def build_report(
     return html, sum(counts.records.values()), len(entries)
 
 
+def _where(run_dir: RunDir) -> str:
+    return str(run_dir.local_path.resolve()) if run_dir.is_local else str(run_dir)
+
+
 def write_report(
-    run_dir: str | Path,
+    run_dir: RunDir | str | Path,
     out: str | Path | None = None,
     *,
     sample_size: int = DEFAULT_SAMPLE,
     seed: int = 0,
     viewer_budget: int = DEFAULT_VIEWER_BUDGET,
 ) -> ReportResult:
-    """Build the report and write it (default ``RUN_DIR/report.html``) via a temp file + rename."""
+    """Build the report and write it (default ``RUN_DIR/report.html``, on the run's storage) atomically."""
     started = time.perf_counter()
+    run_dir = RunDir.of(run_dir)
     html, scanned, embedded = build_report(
         run_dir, sample_size=sample_size, seed=seed, viewer_budget=viewer_budget
     )
-    path = Path(out) if out is not None else Path(run_dir) / REPORT_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = html.encode("utf-8")
+    if out is None and not run_dir.is_local:
+        run_dir.write_bytes(REPORT_FILE, [data])
+        return ReportResult(
+            run_dir.describe(REPORT_FILE), len(data), scanned, embedded, time.perf_counter() - started
+        )
+    path = Path(out) if out is not None else run_dir.local_path / REPORT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     tmp.replace(path)

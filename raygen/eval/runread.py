@@ -9,26 +9,25 @@ and re-read the few records it wants later instead of holding any record body.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from raygen.errors import ConfigError, failure_kind
 from raygen.output.filters import FAILED, KEPT, OUTCOMES, REJECTED
+from raygen.output.run_dir import DATA_DIR, FAILED_DIR, MANIFEST_FILE, REJECTED_DIR, STATISTICS_FILE, RunDir
 from raygen.output.shards import ShardPos
 from raygen.output.stats import NO_CATEGORY
 
-MANIFEST_FILE = "manifest.json"
-STATISTICS_FILE = "statistics.json"  # written by raygen.output.merge (not imported: it pulls in pyarrow)
-OUTCOME_GLOBS = {KEPT: "data/*.jsonl", REJECTED: "rejected/*.jsonl", FAILED: "failed/*.jsonl"}
+OUTCOME_DIRS = {KEPT: DATA_DIR, REJECTED: REJECTED_DIR, FAILED: FAILED_DIR}
 
 
 @dataclass(frozen=True)
 class RunInfo:
     """The two small documents of a run folder."""
 
-    run_dir: Path
+    run_dir: RunDir
     manifest: dict[str, Any]
     statistics: dict[str, Any]
 
@@ -37,24 +36,23 @@ class RunInfo:
         return str(self.manifest.get("run_name") or self.run_dir.name)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(run_dir: RunDir, name: str) -> dict[str, Any]:
     try:
-        body = json.loads(path.read_text(encoding="utf-8"))
+        body = run_dir.read_json(name)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
+        raise ConfigError(f"cannot read {run_dir.describe(name)}: {exc}") from exc
     if not isinstance(body, dict):
-        raise ConfigError(f"{path} is not a JSON object")
+        raise ConfigError(f"{run_dir.describe(name)} is not a JSON object")
     return body
 
 
-def load_run(run_dir: str | Path) -> RunInfo:
+def load_run(run_dir: RunDir | str | os.PathLike) -> RunInfo:
     """Manifest and statistics of a merged run; ``ConfigError`` with the fix when either is missing."""
-    run_dir = Path(run_dir)
-    if not (run_dir / MANIFEST_FILE).is_file():
-        raise ConfigError(f"{run_dir} is not a raygen run folder (no {MANIFEST_FILE})")
-    if not (run_dir / STATISTICS_FILE).is_file():
+    run_dir = RunDir.of(run_dir)
+    run_dir.require(MANIFEST_FILE)
+    if not run_dir.exists(STATISTICS_FILE):
         raise ConfigError(f"{run_dir} has no {STATISTICS_FILE} yet: run `raygen merge {run_dir}` first")
-    return RunInfo(run_dir, _read_json(run_dir / MANIFEST_FILE), _read_json(run_dir / STATISTICS_FILE))
+    return RunInfo(run_dir, _read_json(run_dir, MANIFEST_FILE), _read_json(run_dir, STATISTICS_FILE))
 
 
 @dataclass(slots=True)
@@ -91,11 +89,6 @@ class ScanCounts:
     files: int = 0
 
 
-def outcome_files(run_dir: Path, outcome: str) -> list[Path]:
-    """The JSONL files of one outcome folder, in name order (the merge's write order)."""
-    return sorted(run_dir.glob(OUTCOME_GLOBS[outcome]))
-
-
 def _reason(record: dict[str, Any], outcome: str) -> str | None:
     if outcome == REJECTED:
         return str(record.get("rejection_reason") or "unknown")
@@ -105,20 +98,19 @@ def _reason(record: dict[str, Any], outcome: str) -> str | None:
 
 
 def iter_run_records(
-    run_dir: str | Path, outcomes: Iterable[str] = OUTCOMES, counts: ScanCounts | None = None
+    run_dir: RunDir | str | os.PathLike, outcomes: Iterable[str] = OUTCOMES, counts: ScanCounts | None = None
 ) -> Iterator[RunRecord]:
     """Every final record of the given outcomes, streamed; lines that are not JSON objects are counted
     in ``counts`` and skipped."""
-    run_dir = Path(run_dir)
+    run_dir = RunDir.of(run_dir)
     counts = counts if counts is not None else ScanCounts()
     for outcome in outcomes:
-        if outcome not in OUTCOME_GLOBS:
+        if outcome not in OUTCOME_DIRS:
             raise ValueError(f"outcome must be one of {OUTCOMES}, not {outcome!r}")
-        for path in outcome_files(run_dir, outcome):
+        for path_str in run_dir.output_files(OUTCOME_DIRS[outcome]):
             counts.files += 1
-            path_str = str(path)
             offset = 0
-            with open(path, "rb") as fh:
+            with run_dir.open_stream(path_str) as fh:
                 for number, raw in enumerate(fh, start=1):
                     line = raw.rstrip(b"\r\n")
                     pos = ShardPos(path_str, offset, len(line))

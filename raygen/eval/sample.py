@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,19 +24,19 @@ from raygen.eval.markdown import code, text, trajectory_markdown
 from raygen.eval.runread import iter_run_records, load_run
 from raygen.eval.strata import StratifiedSampler
 from raygen.output.filters import FAILED, KEPT, OUTCOMES, REJECTED
+from raygen.output.run_dir import SAMPLE_DIR, RunDir
 from raygen.output.shards import RecordReader
 
-SAMPLE_DIR = "sample"
 INCLUDABLE = (REJECTED, FAILED)
 
 
 @dataclass
 class SampleResult:
-    """What ``write_sample`` wrote."""
+    """What ``write_sample`` wrote (URIs when written into a run folder on an object store)."""
 
-    out_dir: Path
-    jsonl: Path
-    markdown: Path
+    out_dir: Path | str
+    jsonl: Path | str
+    markdown: Path | str
     picked: dict[tuple[str, str], int] = field(default_factory=dict)
     """Sessions written per (category, outcome)."""
     population: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -90,7 +91,7 @@ def _markdown_header(name: str, seed: int, per_category: int, result: SampleResu
 
 
 def write_sample(
-    run_dir: str | Path,
+    run_dir: RunDir | str | Path,
     out_dir: str | Path | None = None,
     *,
     per_category: int,
@@ -107,7 +108,11 @@ def write_sample(
         sampler.offer(
             (item.category, item.outcome), item.key, (item.pos, item.line, item.outcome, item.reason)
         )
-    out = Path(out_dir) if out_dir is not None else info.run_dir / SAMPLE_DIR
+    upload = out_dir is None and not info.run_dir.is_local  # into the run folder on its object store
+    if upload:
+        out = Path(tempfile.mkdtemp(prefix="raygen-sample-"))
+    else:
+        out = Path(out_dir) if out_dir is not None else info.run_dir.local_path / SAMPLE_DIR
     out.mkdir(parents=True, exist_ok=True)
     result = SampleResult(out, out / "sample.jsonl", out / "sample.md", population=dict(sampler.offered))
     strata = sampler.strata()
@@ -117,7 +122,7 @@ def write_sample(
         result.picked[stratum] = len(strata[stratum])
 
     def records() -> Iterable[tuple[dict[str, Any], tuple]]:
-        with RecordReader() as reader:
+        with RecordReader(run_dir=info.run_dir) as reader:
             for pick in picks:
                 yield reader.read(pick[0]), pick
 
@@ -126,7 +131,7 @@ def write_sample(
             record["review_sample"] = {
                 "outcome": outcome,
                 "reason": reason,
-                "file": os.path.relpath(pos.path, info.run_dir),
+                "file": info.run_dir.relative(pos.path),
                 "line": line,
             }
             yield _line_safe(json.dumps(record, ensure_ascii=False)) + "\n"
@@ -138,4 +143,11 @@ def write_sample(
 
     _write_atomic(result.jsonl, jsonl_lines())
     _write_atomic(result.markdown, markdown_parts())
+    if upload:
+        for local in (result.jsonl, result.markdown):
+            info.run_dir.replace_from(Path(local), f"{SAMPLE_DIR}/{Path(local).name}")
+        out.rmdir()
+        result.out_dir = info.run_dir.describe(SAMPLE_DIR)
+        result.jsonl = info.run_dir.describe(SAMPLE_DIR, "sample.jsonl")
+        result.markdown = info.run_dir.describe(SAMPLE_DIR, "sample.md")
     return result

@@ -2,8 +2,9 @@
 
 Sessions scrub secret values as they go (``raygen.session.scrub``); this check is the independent
 count afterwards, over every text file of the run folder (``data/``, ``rejected/``, ``failed/``,
-``shards/``, the manifest ...). Parquet shards are skipped: they are compressed copies of
-``data/*.jsonl``, which is checked. Only counts leave this module, never a value.
+``shards/``, the manifest ...; not the transient ``work/``), wherever it is stored (``RunDir``). Parquet
+shards are skipped: they are compressed copies of ``data/*.jsonl``, which is checked. Only counts leave
+this module, never a value.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from raygen.hygiene.scan import iter_valid_rows
+from raygen.output.run_dir import RunDir
 from raygen.session.scrub import Scrubber
 
 _SKIPPED_SUFFIXES = (".parquet",)
-_SKIPPED_FOLDERS = ("work",)
 
 
 def host_secret_values(names: Iterable[str], environ: Mapping[str, str] | None = None) -> list[str]:
@@ -53,29 +54,23 @@ def _pattern(values: Iterable[str]) -> re.Pattern[bytes] | None:
     return re.compile(b"|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)))
 
 
-def _group(run_dir: Path, path: Path) -> str:
-    parts = path.relative_to(run_dir).parts
-    return parts[0] if len(parts) > 1 else "(run folder)"
-
-
-def count_secret_leaks(run_dir: str | Path, values: Iterable[str]) -> dict[str, Any]:
+def count_secret_leaks(run_dir: RunDir | str | Path, values: Iterable[str]) -> dict[str, Any]:
     """``{"secret_values_checked", "secret_leaks", "secret_leaks_by_folder"}`` for a run folder."""
-    run_dir = Path(run_dir)
+    run_dir = RunDir.of(run_dir)
     distinct = Scrubber(list(values)).values
     pattern = _pattern(distinct)
     by_folder: dict[str, int] = {}
-    if pattern is not None and run_dir.is_dir():
-        for path in sorted(run_dir.rglob("*")):
-            if not path.is_file() or path.suffix in _SKIPPED_SUFFIXES:
-                continue
-            if path.relative_to(run_dir).parts[0] in _SKIPPED_FOLDERS:
+    if pattern is not None:
+        for entry in sorted(run_dir.all_files(), key=lambda e: e.path):
+            if entry.name.endswith(_SKIPPED_SUFFIXES):
                 continue
             found = 0
-            with path.open("rb") as handle:
+            with run_dir.open_stream(entry.path) as handle:
                 for line in handle:
                     found += sum(1 for _ in pattern.finditer(line))
             if found:
-                group = _group(run_dir, path)
+                parts = run_dir.relative(entry.path).split("/")
+                group = parts[0] if len(parts) > 1 else "(run folder)"
                 by_folder[group] = by_folder.get(group, 0) + found
     return {
         "secret_values_checked": len(distinct),

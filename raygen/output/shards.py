@@ -3,9 +3,9 @@
 Layout: ``RUN_DIR/shards/<writer_id>-<seq:06d>.jsonl``, one JSON object per line.
 
 Why new files instead of appending: a shard appears under its final name only once complete
-(temp file + fsync + ``os.replace`` + directory fsync), so a worker killed mid-write leaves at most a
-``*.tmp`` file, which readers ignore. Many writers on many nodes never share a file, so no locking is
-needed on shared storage.
+(``RunDir`` writes it atomically: temp file + fsync + rename on a filesystem, one put on an object store),
+so a worker killed mid-write leaves at most a ``*.tmp`` file, which readers ignore. Many writers on many
+nodes never share a file, so no locking is needed on shared storage, and nothing is ever appended to.
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, NamedTuple
+from pathlib import PurePath
+from typing import IO, Any, NamedTuple
+
+from raygen.output.run_dir import SHARD_SUFFIX, SHARDS_DIR, RunDir
+from raygen.output.storage import Entry
 
 logger = logging.getLogger(__name__)
 
-SHARDS_DIR = "shards"
-SHARD_SUFFIX = ".jsonl"
-TMP_SUFFIX = ".tmp"
 _WRITER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _MAX_LOGGED_BAD_LINES = 5
 
@@ -45,20 +45,6 @@ class ShardPos(NamedTuple):
     length: int
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Make renames/creations inside ``path`` durable (a no-op where directories cannot be fsynced)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 class ShardWriter:
     """Buffers JSON lines and flushes them, each flush to a NEW shard file.
 
@@ -67,13 +53,14 @@ class ShardWriter:
     from an event loop use ``aadd``/``aflush``/``aclose`` so the disk I/O runs in a thread.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, writer_id: str, max_records: int, flush_s: float):
+    def __init__(self, run_dir: RunDir | str | os.PathLike, writer_id: str, max_records: int, flush_s: float):
         if not _WRITER_ID.match(writer_id):
             raise ValueError(f"writer_id must match {_WRITER_ID.pattern}: {writer_id!r}")
         if max_records < 1 or flush_s <= 0:
             raise ValueError("max_records must be >= 1 and flush_s > 0")
-        self.dir = Path(run_dir) / SHARDS_DIR
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = RunDir.of(run_dir)
+        if self.run_dir.is_local:
+            (self.run_dir.local_path / SHARDS_DIR).mkdir(parents=True, exist_ok=True)
         self.writer_id = writer_id
         self.max_records = max_records
         self.flush_s = flush_s
@@ -82,7 +69,7 @@ class ShardWriter:
         self._seq = 0
         self._closed = False
         self._lock = threading.Lock()
-        self.paths: list[Path] = []
+        self.paths: list[PurePath] = []
         """Final shard files written so far, in order."""
 
     @property
@@ -122,16 +109,16 @@ class ShardWriter:
         if self.due:
             await self.aflush()
 
-    def _take(self) -> tuple[list[str], Path] | None:
+    def _take(self) -> tuple[list[str], str] | None:
         # Swap the buffer out under the lock so adds during a threaded write go to the next shard.
         with self._lock:
             if not self._lines:
                 return None
             lines, self._lines, self._first_at = self._lines, [], None
             while True:
-                path = self.dir / f"{self.writer_id}-{self._seq:06d}{SHARD_SUFFIX}"
+                path = self.run_dir.path(SHARDS_DIR, f"{self.writer_id}-{self._seq:06d}{SHARD_SUFFIX}")
                 self._seq += 1
-                if not path.exists():  # never overwrite, even a file a previous process left
+                if not self.run_dir.storage.exists(path):  # never overwrite, even a previous process's file
                     return lines, path
 
     def _give_back(self, lines: list[str]) -> None:
@@ -139,38 +126,30 @@ class ShardWriter:
             self._lines[:0] = lines
             self._first_at = time.monotonic()
 
-    def _write(self, lines: list[str], path: Path) -> None:
-        tmp = path.with_name(path.name + TMP_SUFFIX)
+    def _write(self, lines: list[str], path: str) -> PurePath:
         try:
-            with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-                f.write("\n".join(lines))
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            self.run_dir.storage.put(path, ["".join(line + "\n" for line in lines).encode("utf-8")])
         except BaseException:
             # Keep the records so a later flush can retry (e.g. after disk space is freed).
-            tmp.unlink(missing_ok=True)
             self._give_back(lines)
             raise
-        fsync_dir(self.dir)
-        self.paths.append(path)
+        written = self.run_dir.pure_path(path)
+        self.paths.append(written)
+        return written
 
-    def flush(self) -> Path | None:
+    def flush(self) -> PurePath | None:
         """Write the buffer to a new shard; returns its path (None if the buffer was empty)."""
         taken = self._take()
         if taken is None:
             return None
-        self._write(*taken)
-        return taken[1]
+        return self._write(*taken)
 
-    async def aflush(self) -> Path | None:
+    async def aflush(self) -> PurePath | None:
         """``flush`` with the I/O in a worker thread, for callers on an event loop."""
         taken = self._take()
         if taken is None:
             return None
-        await asyncio.to_thread(self._write, *taken)
-        return taken[1]
+        return await asyncio.to_thread(self._write, *taken)
 
     def close(self) -> None:
         """Flush what is left; further adds raise."""
@@ -183,6 +162,42 @@ class ShardWriter:
         self._closed = True
 
 
+
+class RollingShardWriter(ShardWriter):
+    """A ``ShardWriter`` whose flushes rewrite the current shard, with the new lines added, until it holds
+    ``max_records``: records can be made durable every fraction of a second without leaving a file per
+    flush. Each rewrite is as atomic as a new shard (readers see the old file or the new one, never a
+    torn one). For one thread at a time (the driver's result loop)."""
+
+    def __init__(self, run_dir: RunDir | str | os.PathLike, writer_id: str, max_records: int, flush_s: float):
+        super().__init__(run_dir, writer_id, max_records, flush_s)
+        self._open_lines: list[str] = []
+        self._open_path: str | None = None
+
+    def _take(self) -> tuple[list[str], str] | None:
+        if self._open_path is None:
+            return super()._take()
+        with self._lock:
+            if not self._lines:
+                return None
+            lines, self._lines, self._first_at = self._lines, [], None
+        return self._open_lines + lines, self._open_path
+
+    def _write(self, lines: list[str], path: str) -> PurePath:
+        rewrite = path == self._open_path
+        try:
+            written = super()._write(lines, path)
+        except BaseException:
+            if rewrite:  # the base class gave back every line; the open shard's are already on disk
+                with self._lock:
+                    del self._lines[: len(self._open_lines)]
+            raise
+        if rewrite:
+            self.paths.pop()  # listed when the file was first written
+        full = len(lines) >= self.max_records
+        self._open_lines, self._open_path = ([], None) if full else (lines, path)
+        return written
+
 @dataclass
 class ShardScanStats:
     """Filled in by ``iter_shard_records`` as it goes."""
@@ -194,20 +209,9 @@ class ShardScanStats:
     """The first few unparseable lines, for messages."""
 
 
-def list_shards(run_dir: str | os.PathLike) -> list[Path]:
-    """Final shard files in read order: by modification time, then name (temp and hidden files excluded).
-
-    This order defines "later" for the merge's last tie-break between two records of the same key and
-    attempt: the record from the more recently written shard wins.
-    """
-    shard_dir = Path(run_dir) / SHARDS_DIR
-    if not shard_dir.is_dir():
-        return []
-    found = []
-    for entry in os.scandir(shard_dir):
-        if entry.name.endswith(SHARD_SUFFIX) and not entry.name.startswith(".") and entry.is_file():
-            found.append((entry.stat().st_mtime_ns, entry.name, Path(entry.path)))
-    return [path for _, _, path in sorted(found)]
+def list_shards(run_dir: RunDir | str | os.PathLike) -> list[Entry]:
+    """``RunDir.list_shards``: final shard files in read order (modification time, then name)."""
+    return RunDir.of(run_dir).list_shards()
 
 
 def _parse(line: bytes) -> dict[str, Any] | None:
@@ -219,7 +223,7 @@ def _parse(line: bytes) -> dict[str, Any] | None:
 
 
 def iter_shard_records(
-    run_dir: str | os.PathLike, stats: ShardScanStats | None = None
+    run_dir: RunDir | str | os.PathLike, stats: ShardScanStats | None = None
 ) -> Iterator[tuple[dict[str, Any], ShardPos]]:
     """Every record of every final shard with its position, in ``list_shards`` order.
 
@@ -227,11 +231,12 @@ def iter_shard_records(
     skipped silently. Never raises on bad content.
     """
     stats = stats if stats is not None else ShardScanStats()
-    for path in list_shards(run_dir):
+    run_dir = RunDir.of(run_dir)
+    for entry in run_dir.list_shards():
         stats.files += 1
-        path_str = str(path)  # one shared str per file keeps millions of positions small
+        path_str = entry.path  # one shared str per file keeps millions of positions small
         offset = 0
-        with open(path, "rb") as f:
+        with run_dir.open_stream(path_str) as f:
             for raw in f:
                 line = raw.rstrip(b"\r\n")
                 pos = ShardPos(path_str, offset, len(line))
@@ -262,10 +267,13 @@ def read_record(pos: ShardPos) -> dict[str, Any]:
 
 
 class RecordReader:
-    """Re-reads records by position keeping a few files open, for reading many records in any order."""
+    """Re-reads records by position keeping a few files open, for reading many records in any order.
 
-    def __init__(self, max_open: int = 32):
+    ``run_dir`` says where the positions' files live (default: the local filesystem)."""
+
+    def __init__(self, max_open: int = 32, run_dir: RunDir | None = None):
         self.max_open = max_open
+        self._open: Callable[[str], IO[bytes]] = run_dir.open_seekable if run_dir else _open_local
         self._files: dict[str, Any] = {}
 
     def read_line(self, pos: ShardPos) -> bytes:
@@ -274,7 +282,7 @@ class RecordReader:
             if len(self._files) >= self.max_open:
                 oldest = next(iter(self._files))
                 self._files.pop(oldest).close()
-            f = open(pos.path, "rb")  # noqa: SIM115 - kept open across calls; closed in close()
+            f = self._open(pos.path)  # kept open across calls; closed in close()
         self._files[pos.path] = f  # re-insert: dict order is the LRU order
         f.seek(pos.offset)
         return f.read(pos.length)
@@ -292,3 +300,7 @@ class RecordReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _open_local(path: str) -> IO[bytes]:
+    return open(path, "rb")
