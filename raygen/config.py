@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from raygen.verify.spec import VerifySpec
+
 
 class _Section(BaseModel):
     # Unknown keys in a config file are almost always typos; refuse them instead of ignoring them.
@@ -164,7 +166,7 @@ class SessionConfig(_Section):
     """Upper bound on the timeout a model may ask for in a terminal call."""
     session_timeout_s: float = Field(3600.0, gt=0)
     """Hard wall-clock limit of one session; past it the session fails with ``session_timeout``."""
-    max_reply_chars: int = Field(2_000_000, ge=1000)
+    max_reply_chars: int = Field(8_000_000, ge=1000)
     """Longest model reply (content, reasoning and tool-call arguments together, in characters); a longer
     one ends the session with ``error:reply_too_large`` (final) and is stored cut to its head."""
     max_record_bytes: int = Field(16 * 1024 * 1024, ge=64 * 1024)
@@ -354,6 +356,15 @@ class FilterConfig(_Section):
     ``truncated``)."""
     unsafe_actions: bool = False
     """Reject sessions with a tool call labelled by the unsafe-action rule set (``raygen/safety``)."""
+    min_reward: float | None = Field(None, ge=0, le=1)
+    """Rejection sampling (``--min-reward R``): reject sessions whose reward is below R, or that have no
+    reward (no check, or it could not run); reason ``low_reward``."""
+    groups: bool = False
+    """For RL (``--groups``): keep only complete prompt groups (every sample finished, none failed; reason
+    ``incomplete_group``) whose rewards are not all equal (reason ``uniform_group``, no learning signal)."""
+    best_of: bool = False
+    """Best-of-n (``--best-of``): of each prompt group's samples still kept, keep only the one with the
+    highest reward (ties: the lowest ``sample_index``); the others get reason ``not_best``."""
 
 
 class OutputConfig(_Section):
@@ -515,6 +526,15 @@ class HygieneConfig(_Section):
     duplicate of an eval-set row."""
 
 
+class VerifyConfig(_Section):
+    """Verified trajectories: the check of rows that carry none (rows' own ``verify`` win); see
+    raygen/verify/README.md."""
+
+    default: VerifySpec | None = None
+    """Check applied to every row without its own ``verify`` (same fields as a row's: ``files``,
+    ``command``, ``timeout_s``, ``result``, ``reward_file``, ``pass_threshold``, ``mode``, ``artifacts``)."""
+
+
 class RunConfig(_Section):
     """A whole run. Every field can be set in YAML; flags override."""
 
@@ -524,6 +544,10 @@ class RunConfig(_Section):
     """Take only the first N valid rows."""
     seed: int = 0
     """Run seed: with the prompt's key it seeds the toolset draw."""
+    samples_per_prompt: int = Field(1, ge=1)
+    """Independent sessions per row (``--samples-per-prompt``): a group sharing ``group_id``, each sample
+    with its own key and ``sample_index`` and its own request seed (``sampling.seed``, default 0, plus the
+    index). A resume runs exactly the samples a group is missing."""
     model: ModelConfig = Field(default_factory=SimModelConfig)
     """Model backend."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -548,6 +572,8 @@ class RunConfig(_Section):
     """Cluster-wide request pacing (rpm, tpm, in-flight cap, adaptive back-off on 429)."""
     hygiene: HygieneConfig = Field(default_factory=HygieneConfig)
     """Data hygiene checks of the prompts before any model call."""
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)
+    """Verified trajectories: the default check of rows without their own."""
 
 
 def fingerprint(obj: Any) -> str:

@@ -100,13 +100,17 @@ class HostileProvider:
             raise ValueError("a script needs at least one step")
         self.script = script
         self.requests = 0
+        self.bodies: list[bytes] = []
+        """Every request body received, as sent (to check what reached the provider)."""
         self.url = ""
         self._runner: web.AppRunner | None = None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         step = self.script[min(self.requests, len(self.script) - 1)]
         self.requests += 1
-        body = await request.json()
+        raw = await request.read()
+        self.bodies.append(raw)
+        body = json.loads(raw)
         return await step(request, body)
 
     async def __aenter__(self) -> HostileProvider:
