@@ -15,6 +15,8 @@ import logging
 import math
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import ray
@@ -51,17 +53,34 @@ def ensure_ray(address: str | None, *, num_cpus: int | None = None) -> bool:
     # A short private temp dir: Ray's unix socket paths must stay under 107 bytes, and a stale
     # /tmp/ray/ray_current_cluster from a killed run must not be joined by accident.
     temp_dir = tempfile.mkdtemp(prefix="rg-ray-", dir="/tmp")
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        _node_ip_address="127.0.0.1",
-        include_dashboard=False,
-        _temp_dir=temp_dir,
-        runtime_env=runtime_env,
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    with _quiet_token_auth_notice():
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            _temp_dir=temp_dir,
+            runtime_env=runtime_env,
+            log_to_driver=False,
+            configure_logging=False,
+        )
     return True
+
+
+@contextmanager
+def _quiet_token_auth_notice() -> Iterator[None]:
+    """Ray turns token authentication on for every new local cluster unless ``RAY_AUTH_MODE`` says
+    otherwise, and announces it with a warning on each start. raygen's private cluster keeps the
+    protection; only the announcement is dropped. (Setting the mode here instead is too late: Ray reads it
+    when it is imported.) Joining a cluster keeps every notice, including "token authentication is
+    disabled"."""
+    notices = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = notices.level
+    notices.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        notices.setLevel(level)
 
 
 def shutdown_ray() -> None:

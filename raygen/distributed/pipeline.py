@@ -92,6 +92,8 @@ def run_pipeline(
     ctx.print_on_execution_start = False
     ctx.max_errored_blocks = -1  # a block lost past _TASK_RETRIES costs its samples, not the run
     logging.getLogger("ray.data").setLevel(logging.WARNING)
+    # Its one warning says the progress bars are off, which is deliberate (the line above).
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     # Reading prompt chunks is trivial work and reserves no CPU: any reservation starves forever once the
     # actors hold the node's CPUs (8 workers x 0.25 on a 2-CPU node: no session ever started).
     # The chunk files exist only on the driver's node, so the reads run there: nodes need not share a
