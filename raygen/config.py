@@ -459,11 +459,13 @@ class GovernorConfig(_Section):
     worth of the target)."""
     cut_window_s: float = Field(1.0, ge=0)
     """A burst of 429s within this many seconds cuts the target once."""
-    burst_s: float = Field(0.03, gt=0)
-    """Pacing burst: at most this many seconds' worth of the rate (at least one request) goes out at once.
-    The strictest way a provider counts is a sliding window of one second: paced at ``headroom`` of the
-    limit it has room for ``(1 - headroom)`` seconds' worth of burst, hence 0.03 s with the default
-    headroom. Longer windows, fixed windows and token buckets all hold with it too."""
+    burst_s: float = Field(0.1, gt=0)
+    """Pacing burst: at most this many seconds' worth of the rate (plus one request) goes out at once.
+    Providers count over token buckets, fixed windows or sliding windows of 1 to 60 s; paced at
+    ``headroom`` with a 0.1 s burst every window of 10 s or more holds (a 1-s burst at 97% overshoots a
+    10-s sliding window). Only a 1-s sliding window can still refuse a bunched request now and then; a
+    known limit then paces 2% slower per 429 (down to 90%), a learned one is cut to the measured rate.
+    Smaller values cost more remote calls per request (each lease holds at most one burst)."""
     lease_size: int = Field(8, ge=1)
     """Most request slots a worker takes from the governor in one remote call."""
     lease_ttl_s: float = Field(2.0, gt=0)

@@ -90,6 +90,13 @@ class Ledger:
         state = self.keys.get(sample.sample_key)
         return state is not None and not state.succeeded and state.last_failure == "worker_lost"
 
+    def still_pending(self, pending_files: Iterable[Path], max_attempts: int) -> Iterator[Sample]:
+        """The samples of a pass's files that have an attempt left to run, as that attempt: the next
+        pass, planned without reading the dataset again (a sample not in the pass was already done)."""
+        for sample in _read_samples(pending_files):
+            if (attempt := self.next_attempt(sample.sample_key, max_attempts)) is not None:
+                yield sample.model_copy(update={"attempt": attempt})
+
     def undelivered(self, pending_files: Iterable[Path]) -> Iterator[Sample]:
         """The samples of a pass (its ``work/pending-*.jsonl`` files) for which no attempt at least as
         high as the one the pass ran was recorded: their worker died and Ray gave up on them."""
@@ -124,4 +131,14 @@ def worker_lost_record(sample: Sample, *, model: str, config_fingerprint: str, d
         toolsets_used=list(sample.toolsets),
         model=model,
         config_fingerprint=config_fingerprint,
+        group_id=sample.group_id,
+        sample_index=sample.sample_index,
     )
+
+
+def _read_samples(pending_files: Iterable[Path]) -> Iterator[Sample]:
+    for path in pending_files:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    yield Sample.model_validate_json(line)

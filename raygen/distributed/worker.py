@@ -1,9 +1,11 @@
 """The session actor: a Ray Data ``map_batches`` callable class running many sessions on one event loop.
 
 Each batch's rows run concurrently, bounded by one semaphore per actor (``sessions_per_worker``), so a
-batch waiting for a slot holds no environment and no connection. Results leave the actor through the
-object store as two string columns per session: the full record (written to shards by the driver, so
-no shared filesystem is needed) and its small summary (for statistics and progress).
+batch waiting for a slot holds no environment and no connection. Each session's record leaves the actor
+the moment the session ends, through the run's control actor (``control.py``) to the driver, which
+writes the shards (so no shared filesystem is needed); the actor keeps nothing of a finished session.
+Ray Data's own output is one small row per batch (sessions run and skipped), which only tells the
+driver that the batch is over.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from raygen.tools.registry import load_registry
 
 
 class SessionWorker:
-    def __init__(self, plan: WorkerPlan):
+    def __init__(self, plan: WorkerPlan, control: Any):
+        self.control = control
         cfg = plan.config
         self.node = ray.get_runtime_context().get_node_id()
         api_key = plan.api_key.get_secret_value()
@@ -53,20 +56,25 @@ class SessionWorker:
             node=self.node,
             config_fingerprint=plan.config_fingerprint,
             secret_values=secrets,
+            verify_default=cfg.verify.default,
         )
         self.slots = asyncio.Semaphore(cfg.ray.sessions_per_worker)
         self.pid = os.getpid()
 
-    async def _one(self, text: str) -> tuple[str, str]:
+    async def _one(self, text: str) -> bool:
+        """Run one sample unless the control actor says not to (it finished already, or the run is
+        draining); returns whether it ran."""
         sample = Sample.model_validate_json(text)
         async with self.slots:
+            if not await self.control.begin.remote(sample.sample_key, sample.attempt):
+                return False
             record = await self.runner.run(sample)
-        summary = summarize(record)
-        return jsonl_safe(record.model_dump_json()), json.dumps(dataclasses.asdict(summary))
+            summary = json.dumps(dataclasses.asdict(summarize(record)))
+            await self.control.finish.remote(
+                sample.sample_key, sample.attempt, jsonl_safe(record.model_dump_json()), summary
+            )
+        return True
 
     async def __call__(self, batch: dict[str, Any]):
-        results = await asyncio.gather(*(self._one(str(t)) for t in batch["text"]))
-        yield {
-            "record": [r for r, _ in results],
-            "summary": [s for _, s in results],
-        }
+        ran = await asyncio.gather(*(self._one(str(t)) for t in batch["text"]))
+        yield {"ran": [sum(ran)], "skipped": [len(ran) - sum(ran)]}

@@ -26,6 +26,9 @@ from raygen.input.rows import ROW_FIELDS, PromptRow, Sample, make_sample_key
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
 """Lines longer than this are reported and skipped unread (the longest real prompt line is ~21 KB)."""
+LARGE_LINE_BYTES = 1024 * 1024
+"""Lines longer than this get a warning: every model call of the sample sends the prompt again, and the
+record stores it twice (docs/input-format.md)."""
 MAX_STORED = 1000
 """Problems (and, separately, notices) kept in a report; further ones are only counted."""
 
@@ -111,11 +114,24 @@ def _pydantic_problems(path: str, line: int, error: ValidationError) -> list[Pro
     return [Problem(path, line, name, "; ".join(msgs)) for name, msgs in by_field.items()]
 
 
-def _find_lone_surrogate(value: Any, where: str) -> str | None:
+def _has_lone_surrogate(value: Any) -> bool:
     # JSON may spell a lone surrogate (\ud800), which Python accepts but can never be written as UTF-8;
     # catching it here beats a crash when the trajectory is written.
-    if isinstance(value, str):
-        return where if _LONE_SURROGATE.search(value) else None
+    return isinstance(value, str) and _LONE_SURROGATE.search(value) is not None
+
+
+class _NonFinite:
+    """Stands for a ``NaN``/``Infinity`` literal: Python's json accepts them, JSON does not, and the
+    output would store them as null without a word."""
+
+    def __init__(self, literal: str):
+        self.literal = literal
+
+
+def _find_bad(value: Any, where: str, bad: Any) -> str | None:
+    """Path of the first value (or key) for which ``bad`` is true, e.g. ``metadata.score``."""
+    if bad(value):
+        return where or "(row)"
     if isinstance(value, dict):
         items = value.items()
     elif isinstance(value, list):
@@ -123,10 +139,10 @@ def _find_lone_surrogate(value: Any, where: str) -> str | None:
     else:
         return None
     for key, item in items:
-        if isinstance(key, str) and _LONE_SURROGATE.search(key):
-            return where
+        if isinstance(key, str) and bad(key):
+            return where or "(row)"
         sub = f"{where}[{key}]" if isinstance(key, int) else (f"{where}.{key}" if where else key)
-        found = _find_lone_surrogate(item, sub)
+        found = _find_bad(item, sub, bad)
         if found is not None:
             return found
     return None
@@ -186,7 +202,7 @@ def parse_line(path: str, line: int, raw: bytes | None, raw_size: int = 0) -> Pa
         parsed.problems.append(Problem(path, line, "(utf-8)", f"invalid UTF-8 at byte column {column}"))
         return parsed
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_NonFinite)
     except json.JSONDecodeError as exc:
         parsed.problems.append(
             Problem(path, line, "(json)", f"invalid JSON: {exc.msg} at column {exc.colno}")
@@ -206,11 +222,19 @@ def parse_line(path: str, line: int, raw: bytes | None, raw_size: int = 0) -> Pa
     # Strict UTF-8 decoding already refused raw surrogates; only a \u escape can spell one.
     if b"\\u" in raw:
         try:
-            bad_string = _find_lone_surrogate(data, "")
+            bad_string = _find_bad(data, "", _has_lone_surrogate)
         except RecursionError:
             bad_string = "(row)"
     if bad_string is not None:
         parsed.problems.append(Problem(path, line, bad_string, "contains a lone UTF-16 surrogate escape"))
+    if b"NaN" in raw or b"Infinity" in raw:
+        try:
+            where = _find_bad(data, "", lambda v: isinstance(v, _NonFinite))
+        except RecursionError:
+            where = "(row)"
+        if where is not None:
+            message = "NaN/Infinity is not JSON (it would be stored as null); use null or a string"
+            parsed.problems.append(Problem(path, line, where, message))
     try:
         row = PromptRow.model_validate(data)
     except ValidationError as exc:
@@ -329,12 +353,21 @@ def scan_dataset(path: str | Path, known_toolsets: set[str] | None = None) -> Da
     first_line_of_id: dict[str, int] = {}
     first_line_of_prompt: dict[bytes, int] = {}
     categories: Counter[str] = Counter()
+    first_line, starts_array = None, False
     with _open(path) as handle:
         for line, raw, size in _read_lines(handle, hasher):
             report.lines, report.size_bytes = line, report.size_bytes + size
             parsed = parse_line(str(path), line, raw, size)
             if parsed is None:
                 continue
+            if first_line is None:
+                first_line, starts_array = (
+                    line,
+                    raw is not None and raw.lstrip(_BOM + b" \t\r\n").startswith(b"["),
+                )
+            if size > LARGE_LINE_BYTES and raw is not None:
+                message = f"line is {size} bytes (over {LARGE_LINE_BYTES}); each model call resends it"
+                report.add_notice(Notice(str(path), line, "(line)", message))
             for notice in parsed.notices:
                 report.add_notice(notice)
             problems = list(parsed.problems)
@@ -371,6 +404,11 @@ def scan_dataset(path: str | Path, known_toolsets: set[str] | None = None) -> Da
                 )
             else:
                 first_line_of_prompt[digest] = line
+    if starts_array and not report.ok:
+        # A JSON array (pretty-printed or not) fails line by line with no word of why.
+        hint = "the file is a JSON array, not JSON Lines (one object per line); convert it: jq -c '.[]' FILE"
+        report.problems.insert(0, Problem(str(path), first_line or 1, "(file)", hint))
+        report.problem_count += 1
     report.sha256 = hasher.hexdigest()
     report.per_category = dict(sorted(categories.items()))
     if report.rows == 0 and report.problem_count == 0:
@@ -395,12 +433,19 @@ def _toolset_problems(path: str, line: int, row: PromptRow, known: set[str]) -> 
 
 
 def iter_samples(
-    path: str | Path, *, run_seed: int, distribution: ToolsetDrawer, limit: int | None = None
+    path: str | Path,
+    *,
+    run_seed: int,
+    distribution: ToolsetDrawer,
+    limit: int | None = None,
+    samples_per_prompt: int = 1,
 ) -> Iterator[Sample]:
     """Stream the samples of a file that ``scan_dataset`` found clean, in file order.
 
     A row's ``toolsets`` override the distribution's draw. ``limit`` takes the first N valid rows.
-    Raises ``InputError`` if a line turns out invalid (the file changed since the scan).
+    ``samples_per_prompt`` K > 1 yields K samples per row, a group (``group_id``, ``sample_index``; see
+    ``group_sample_keys``). Raises ``InputError`` if a line turns out invalid (the file changed since the
+    scan).
     """
     path = Path(path)
     if limit is not None and limit <= 0:
@@ -421,11 +466,29 @@ def iter_samples(
             occurrences[content_hash] += 1
             if row.toolsets is not None:
                 toolsets = sorted(set(row.toolsets))
-            else:
+            else:  # drawn once per row: every sample of a group is offered the same tools
                 toolsets = distribution.draw(run_seed, sample_key)
-            yield Sample(
-                row=row, sample_key=sample_key, prompt_index=prompt_index, line=line, toolsets=toolsets
-            )
+            group_id = sample_key if samples_per_prompt > 1 else None
+            for index, key in enumerate(group_sample_keys(sample_key, samples_per_prompt)):
+                yield Sample(
+                    row=row,
+                    sample_key=key,
+                    prompt_index=prompt_index,
+                    line=line,
+                    toolsets=toolsets,
+                    group_id=group_id,
+                    sample_index=index,
+                )
             prompt_index += 1
             if limit is not None and prompt_index >= limit:
                 return
+
+
+def group_sample_keys(row_key: str, samples_per_prompt: int) -> list[str]:
+    """The sample keys of a row's group: the row's own key first (so a run with K = 1 resumes into
+    K > 1 keeping its samples), then one derived key per further sample."""
+    extra = [
+        hashlib.sha256(f"{row_key}:sample:{i}".encode()).hexdigest()[:24]
+        for i in range(1, samples_per_prompt)
+    ]
+    return [row_key, *extra]

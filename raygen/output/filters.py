@@ -8,9 +8,16 @@ Order (the first match decides, so each session has exactly one reason):
 3. ``rejected`` / ``hallucinated_tool``: the model called a tool that was not offered
    (``hallucinated_calls > 0``; enabled by ``FilterConfig.hallucinated_tools``).
 4. ``rejected`` / ``no_reasoning``: no assistant turn carried reasoning (``FilterConfig.no_reasoning``).
-5. ``rejected`` / ``incomplete``: the session did not complete, e.g. hit ``max_turns``
+5. ``rejected`` / ``truncated``: a reply was cut at the token limit (``exit_status`` ``truncated``;
+   ``FilterConfig.truncated``, on by default: a cut reply is not an answer to train on).
+6. ``rejected`` / ``incomplete``: the session did not complete, e.g. hit ``max_turns``
    (``FilterConfig.incomplete``).
-6. ``kept``.
+7. ``rejected`` / ``low_reward``: no reward, or one below ``FilterConfig.min_reward``.
+8. ``kept``.
+
+Then, over each prompt group (``raygen.verify.groups``, needs every sample's outcome):
+``incomplete_group`` / ``uniform_group`` (``FilterConfig.groups``), then ``not_best``
+(``FilterConfig.best_of``).
 """
 
 from __future__ import annotations
@@ -21,7 +28,17 @@ from raygen.output.summary import SessionSummary
 
 KEPT, REJECTED, FAILED = "kept", "rejected", "failed"
 OUTCOMES = (KEPT, REJECTED, FAILED)
-REJECTION_REASONS = ("unsafe_action", "hallucinated_tool", "no_reasoning", "incomplete")
+REJECTION_REASONS = (
+    "unsafe_action",
+    "hallucinated_tool",
+    "no_reasoning",
+    "truncated",
+    "incomplete",
+    "low_reward",
+    "incomplete_group",
+    "uniform_group",
+    "not_best",
+)
 """In the order they are checked."""
 
 
@@ -35,6 +52,10 @@ def classify(summary: SessionSummary, filters: FilterConfig) -> tuple[str, str |
         return REJECTED, "hallucinated_tool"
     if filters.no_reasoning and summary.reasoning_with == 0:
         return REJECTED, "no_reasoning"
+    if filters.truncated and summary.exit_status == "truncated":
+        return REJECTED, "truncated"
     if filters.incomplete and not summary.completed:
         return REJECTED, "incomplete"
+    if filters.min_reward is not None and (summary.reward is None or summary.reward < filters.min_reward):
+        return REJECTED, "low_reward"
     return KEPT, None

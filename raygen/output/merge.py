@@ -42,6 +42,7 @@ from raygen.output.shards import RecordReader, ShardPos, ShardScanStats, iter_sh
 from raygen.output.stats import StatsAccumulator
 from raygen.output.storage import TMP_SUFFIX, fsync_dir
 from raygen.output.summary import summarize
+from raygen.verify.groups import apply_group_filters
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,11 @@ class FinalRecord:
     prompt_index: int
     outcome: str
     reason: str | None
+    # For the group filters (raygen.verify.groups): a few bytes per key, not the summary.
+    key: str = ""
+    group_id: str | None = None
+    sample_index: int = 0
+    reward: float | None = None
 
 
 @dataclass
@@ -114,7 +120,17 @@ def choose_finals(
             if rank <= current.rank:
                 continue
         outcome, reason = classify(summary, filters)
-        finals[key] = FinalRecord(rank, pos, summary.prompt_index, outcome, reason)
+        finals[key] = FinalRecord(
+            rank,
+            pos,
+            summary.prompt_index,
+            outcome,
+            reason,
+            key,
+            summary.group_id,
+            summary.sample_index,
+            summary.reward,
+        )
     return finals, counts
 
 
@@ -265,6 +281,7 @@ def merge_run(
         _recover_leftovers(run.local_path)
     scan = ShardScanStats()
     finals, counts = choose_finals(run, filters, expected_keys, scan)
+    apply_group_filters(finals.values(), filters)  # --groups, --best-of: need every sample's outcome
 
     by_outcome: dict[str, list[FinalRecord]] = {KEPT: [], REJECTED: [], FAILED: []}
     for _key, final in sorted(finals.items(), key=lambda kv: (kv[1].prompt_index, kv[0])):

@@ -17,6 +17,10 @@
 - ``duration_s``: ``total``, ``mean`` (null with no sessions) and ``max`` session wall time.
 - ``safety``: ``labels`` ``{label: n}`` tool calls matched by the unsafe-action rules (one per matching
   rule, see ``raygen/safety``) and ``sessions_with_labels``.
+- ``verification`` (only when some session had a check): ``graded`` sessions (the check gave a reward),
+  ``passed``, ``pass_rate``, ``mean_reward``, ``verify_errors`` (checks that could not run; never counted
+  as 0), ``error_share`` (of checked sessions), ``groups`` and ``pass_at_k`` ``{"1": ..., "K": ...}``, the
+  unbiased estimator averaged over prompt groups (``raygen.verify.stats``).
 - ``per_category``: ``{category: {...}}`` with all the keys above except ``per_category``; sessions
   without a category are under ``"(none)"``.
 """
@@ -30,6 +34,7 @@ from typing import Any
 from raygen.errors import failure_kind
 from raygen.output.filters import FAILED, KEPT, OUTCOMES, REJECTED
 from raygen.output.summary import SessionSummary
+from raygen.verify.stats import VerificationStats
 
 NO_CATEGORY = "(none)"
 
@@ -60,9 +65,11 @@ class _Bucket:
     duration_max: float = 0.0
     safety_labels: Counter = field(default_factory=Counter)
     sessions_with_labels: int = 0
+    verification: VerificationStats = field(default_factory=VerificationStats)
 
     def add(self, s: SessionSummary, outcome: str, reason: str | None) -> None:
         self.total += 1
+        self.verification.add(s.exit_status, s.reward, s.passed, s.group_id)
         if outcome == KEPT:
             self.kept += 1
         elif outcome == REJECTED:
@@ -112,9 +119,13 @@ class _Bucket:
         self.duration_total += o.duration_total
         self.duration_max = max(self.duration_max, o.duration_max)
         self.sessions_with_labels += o.sessions_with_labels
+        self.verification.merge(o.verification)
 
     def to_dict(self) -> dict[str, Any]:
+        # Only runs with checks get the key, so statistics of runs without any stay as they were.
+        verification = {"verification": self.verification.to_dict()} if self.verification.any else {}
         return {
+            **verification,
             "counts": {
                 "total": self.total,
                 "kept": self.kept,

@@ -31,6 +31,10 @@ _FIELDS = (
     "usage",
     "timing",
     "safety_labels",
+    "group_id",
+    "sample_index",
+    "reward",
+    "verification",
 )
 
 
@@ -58,6 +62,13 @@ class SessionSummary:
     duration_s: float = 0.0
     safety_labels: dict[str, int] = field(default_factory=dict)
     """``{label: n}`` tool calls matched by the unsafe-action rules (one per matching rule)."""
+    group_id: str | None = None
+    """The prompt group (``--samples-per-prompt``); None for a single sample per row."""
+    sample_index: int = 0
+    reward: float | None = None
+    """The check's reward; None without a check or when it could not run."""
+    passed: bool | None = None
+    """Whether the check passed; None when the record has no (completed) check."""
 
     @property
     def failed(self) -> bool:
@@ -132,6 +143,10 @@ def summarize(record: dict[str, Any] | Trajectory) -> SessionSummary:
         completion_tokens=_int(usage.get("completion_tokens")),
         duration_s=float(timing.get("duration_s") or 0.0),
         safety_labels=_label_counts(record.get("safety_labels")),
+        group_id=None if record.get("group_id") is None else str(record["group_id"]),
+        sample_index=_int(record.get("sample_index")),
+        reward=None if record.get("reward") is None else float(record["reward"]),
+        passed=_passed(record.get("reward"), _plain(record.get("verification"))),
     )
 
 
@@ -144,3 +159,10 @@ def _label_counts(labels: Any) -> dict[str, int]:
         if label:
             counts[str(label)] = counts.get(str(label), 0) + 1
     return counts
+
+
+def _passed(reward: Any, verification: Any) -> bool | None:
+    """A graded record's ``verification.passed``; None when the check never produced a reward."""
+    if reward is None or not isinstance(verification, dict):
+        return None
+    return bool(verification.get("passed"))
