@@ -93,6 +93,15 @@ class Artifact(BaseModel):
     """``utf-8`` or ``base64`` (the file was not valid UTF-8)."""
 
 
+class TurnInfo(BaseModel):
+    """What the provider said about one model call besides the message."""
+
+    finish_reason: str | None = None
+    """``stop``, ``tool_calls``, ``length`` (the reply was cut at the token limit), ... as sent."""
+    provider: str | None = None
+    """The upstream provider that served the call, where the endpoint names it (OpenRouter's ``provider``)."""
+
+
 class Trajectory(BaseModel):
     id: str
     """The row's ``id``, else its stable content key."""
@@ -109,7 +118,8 @@ class Trajectory(BaseModel):
     """The raw OpenAI-format messages, lossless."""
     completed: bool = False
     exit_status: str = "completed"
-    """``completed``, ``max_turns`` or ``error:<kind>`` (see raygen.errors.FAILURE_KINDS)."""
+    """``completed``, ``max_turns``, ``truncated`` (a reply was cut at the token limit: ``finish_reason``
+    ``length``) or ``error:<kind>`` (see raygen.errors.FAILURE_KINDS)."""
     error: str | None = None
     api_calls: int = 0
     toolsets_used: list[str] = Field(default_factory=list)
@@ -141,6 +151,8 @@ class Trajectory(BaseModel):
     """How the check went (None when the row has no ``verify``)."""
     artifacts: list[Artifact] = Field(default_factory=list)
     """The declared artifacts as the agent left them."""
+    turns: list[TurnInfo] = Field(default_factory=list)
+    """One entry per model call that answered, in order: its finish reason and serving provider."""
 
 
 TOOL_ERROR_KINDS = ("hallucinated", "invalid_arguments", "execution", "timeout")

@@ -13,7 +13,8 @@ free-form values whose keys vary from record to record are stored as JSON string
   as JSON so records of runs with and without checks share one schema.
 
 Decode them with ``json.loads``. ``safety_labels`` has a fixed shape, so it is typed:
-``list<struct<turn: int64, tool: string, label: string, rule_id: string>>`` (empty list for most rows).
+``list<struct<turn: int64, tool: string, label: string, rule_id: string>>`` (empty list for most rows);
+so is ``turns``: ``list<struct<finish_reason: string, provider: string>>``, one per model call.
 The JSONL output keeps the natural JSON (the Trajectory dump).
 A test checks that the structs below match the pydantic models in ``raygen.records``.
 """
@@ -40,6 +41,8 @@ SAFETY_LABEL = pa.struct(
     ]
 )
 """One element of the ``safety_labels`` column (the fields of ``raygen.records.SafetyLabel``)."""
+TURN_INFO = pa.struct([pa.field("finish_reason", pa.string()), pa.field("provider", pa.string())])
+"""One element of the ``turns`` column (the fields of ``raygen.records.TurnInfo``)."""
 
 SCHEMA = pa.schema(
     [
@@ -103,6 +106,7 @@ SCHEMA = pa.schema(
         pa.field("reward", pa.float64()),
         pa.field("verification", pa.string(), nullable=False),
         pa.field("artifacts", pa.string(), nullable=False),
+        pa.field("turns", pa.list_(TURN_INFO)),
     ]
 )
 
@@ -164,7 +168,13 @@ def to_row(record: dict[str, Any]) -> dict[str, Any]:
         # JSON ``null`` when the row had no check, so "not verified" stays apart from an empty result.
         "verification": json.dumps(record.get("verification"), ensure_ascii=False, separators=(",", ":")),
         "artifacts": _json(record.get("artifacts"), []),
+        "turns": [_turn(item) for item in record.get("turns") or ()],
     }
+
+
+def _turn(item: Any) -> dict[str, Any]:
+    item = item if isinstance(item, dict) else {}
+    return {k: None if item.get(k) is None else str(item[k]) for k in ("finish_reason", "provider")}
 
 
 _SAFETY_FIELDS = tuple(SafetyLabel.model_fields)

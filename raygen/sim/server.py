@@ -1,10 +1,11 @@
 """The simulator's HTTP face: an OpenAI-compatible chat-completions server on aiohttp.
 
-Routes: ``POST /v1/chat/completions`` (non-streaming), ``GET /v1/models``, ``GET /sim/stats`` and
-``POST /sim/reset``. Realism knobs come from ``SimConfig``: latency with jitter, hard request and token
-rate limits counted as a token bucket or fixed or sliding windows (429 with ``Retry-After``;
-``raygen.sim.limits``), a share of 5xx answers, and per-session hallucination and reasoning
-choices (in ``raygen.sim.policy``). Model names starting with ``nonexistent`` get 404.
+Routes: ``POST /v1/chat/completions`` (``stream: true`` answers server-sent events), ``GET /v1/models``,
+``GET /sim/stats`` and ``POST /sim/reset``. Realism knobs come from ``SimConfig``: latency with jitter,
+hard request and token rate limits counted as a token bucket or fixed or sliding windows (429 with
+``Retry-After``; ``raygen.sim.limits``), a share of 5xx answers, and per-session hallucination and
+reasoning choices (in ``raygen.sim.policy``). Model names starting with ``nonexistent`` get 404; a reply
+longer than the request's ``max_tokens`` is cut (``finish_reason: length``).
 
 Three ways to run it: ``async with SimServer(cfg)`` on the current loop, ``start_in_thread`` (own
 thread and loop) and ``start_subprocess`` (own process, so it does not share the caller's GIL).
@@ -33,7 +34,8 @@ from aiohttp import web
 
 from raygen.config import SimConfig
 from raygen.sim.limits import RateLimits
-from raygen.sim.policy import count_assistant_turns, first_user_text, is_nonexistent_model, respond
+from raygen.sim.policy import count_assistant_turns, first_user_text, is_nonexistent_model, is_slow, respond
+from raygen.sim.streaming import stream_reply
 
 URL_LINE_PREFIX = "RAYGEN_SIM_URL="
 """First stdout line of ``python -m raygen.sim``: the bound base URL."""
@@ -93,6 +95,14 @@ class RequestLog:
         while True:
             await asyncio.sleep(seconds)
             self.flush()
+
+
+_LOGGED_OPTIONS = ("stream", "stream_options", "reasoning", "reasoning_effort", "provider", "max_tokens")
+
+
+def _system_sha(messages: list[Any]) -> str | None:
+    system = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "system"]
+    return hashlib.sha256(str(system[0]).encode()).hexdigest()[:16] if system else None
 
 
 def _error(status: int, message: str, kind: str, code: str | None, headers: dict[str, str]) -> web.Response:
@@ -196,10 +206,15 @@ class SimServer:
                 "status": status,
                 "decision": decision,
                 "tool_calls": calls,
+                # What the client asked for besides the conversation, and the conversation's shape, so
+                # tests can see what was sent (streaming, reasoning, routing, prefill, system prompt).
+                "options": {k: body[k] for k in _LOGGED_OPTIONS if k in body},
+                "roles": [str(m.get("role")) for m in messages if isinstance(m, dict)],
+                "system_sha": _system_sha(messages),
             }
         )
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.stats.counts["requests"] += 1
         try:
             body = json.loads(await request.read())
@@ -229,9 +244,6 @@ class SimServer:
         self.stats.accepted()
 
         model = str(body.get("model") or "")
-        if body.get("stream"):
-            self._record(400, body, None, [])
-            return _error(400, "stream=true is not supported", "invalid_request_error", None, headers)
         if is_nonexistent_model(model):
             self._record(404, body, None, [])
             msg = f"The model `{model}` does not exist"
@@ -243,6 +255,8 @@ class SimServer:
         delay = self.cfg.latency_s
         if self.cfg.latency_jitter_s > 0:
             delay += self._rng.uniform(-self.cfg.latency_jitter_s, self.cfg.latency_jitter_s)
+        if self.cfg.slow_rate > 0 and is_slow(first_user_text(body.get("messages") or []), self.cfg):
+            delay *= self.cfg.slow_factor
 
         self.stats.in_flight += 1
         self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
@@ -274,6 +288,11 @@ class SimServer:
                 "total_tokens": reply.prompt_tokens + reply.completion_tokens,
             },
         }
+        if self.cfg.provider_name:
+            payload["provider"] = self.cfg.provider_name
+        if body.get("stream"):
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return await stream_reply(request, payload, usage, headers, self.cfg.stream_chunk_delay_s)
         return web.json_response(payload, headers=headers)
 
 
