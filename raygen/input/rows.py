@@ -50,6 +50,28 @@ class PromptRow(BaseModel):
             raise ValueError("prompt is empty")
         return v
 
+    @field_validator("cwd")
+    @classmethod
+    def _cwd_is_a_path(cls, v: str | None) -> str | None:
+        # No path can hold a NUL byte; caught here it is this line's error, not a failed session.
+        if v is not None and "\x00" in v:
+            raise ValueError("contains a NUL character, which no path can hold")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_is_settable(cls, v: dict[str, str]) -> dict[str, str]:
+        # What execve accepts: a non-empty name without "=" or NUL, a value without NUL.
+        for name, value in v.items():
+            if not name:
+                raise ValueError("a variable name is empty")
+            if "=" in name or "\x00" in name:
+                bad = "'='" if "=" in name else "a NUL character"
+                raise ValueError(f"variable name {name!r} contains {bad}")
+            if "\x00" in value:
+                raise ValueError(f"the value of {name} contains a NUL character")
+        return v
+
     def content_hash(self) -> str:
         canonical = {
             "prompt": self.prompt,

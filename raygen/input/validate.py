@@ -28,7 +28,7 @@ MAX_LINE_BYTES = 64 * 1024 * 1024
 """Lines longer than this are reported and skipped unread (the longest real prompt line is ~21 KB)."""
 LARGE_LINE_BYTES = 1024 * 1024
 """Lines longer than this get a warning: every model call of the sample sends the prompt again, and the
-record stores it twice (docs/input-format.md)."""
+record stores it twice (raygen/input/README.md)."""
 MAX_STORED = 1000
 """Problems (and, separately, notices) kept in a report; further ones are only counted."""
 
