@@ -55,6 +55,9 @@ class Environment(ABC):
     runs_on_node: ClassVar[bool] = True
     """Whether sessions' sandboxes use the node their actor runs on (processes, containers, instances).
     False for a cloud service (Modal): any node can drive them, so no per-node sandbox capacity applies."""
+    confined: ClassVar[bool] = False
+    """Whether commands cannot reach the host (a container, an instance, a cloud sandbox, or no processes at
+    all); False by default, so a new backend must claim it."""
 
     # --- class-level hooks: the backend as a whole, not one session ------------------------------------
 
@@ -78,9 +81,9 @@ class Environment(ABC):
 
     @classmethod
     def confines_destructive_rows(cls, config: Any) -> bool:
-        """Whether a row marked ``needs_isolation`` cannot harm the host with this configuration. Default:
-        False, so a new backend must claim confinement explicitly."""
-        return False
+        """Whether a row marked ``needs_isolation`` cannot harm the host with this configuration (a
+        backend whose confinement is optional decides from ``config``). Default: ``confined``."""
+        return cls.confined
 
     def __init__(self, spec: EnvSpec):
         self.spec = spec

@@ -95,6 +95,7 @@ class DockerEnvironment(Environment):
     """One session's container (see the module docstring for the guarantees and how timeouts kill)."""
 
     backend = "docker"
+    confined = True
 
     @classmethod
     async def prepare(cls, config: DockerEnvConfig, images: Iterable[str | None]) -> dict[str, str | None]:
@@ -103,10 +104,6 @@ class DockerEnvironment(Environment):
     @classmethod
     def reap(cls, config: DockerEnvConfig, run_name: str | None) -> int:
         return reap_containers(config, run_name)
-
-    @classmethod
-    def confines_destructive_rows(cls, config: DockerEnvConfig) -> bool:
-        return True
 
     def __init__(self, config: DockerEnvConfig, spec: EnvSpec):
         super().__init__(spec)

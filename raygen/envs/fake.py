@@ -169,10 +169,7 @@ class FakeEnvironment(Environment):
     """In-memory filesystem (absolute path -> bytes) plus the shell subset above."""
 
     backend = "fake"
-
-    @classmethod
-    def confines_destructive_rows(cls, config: FakeEnvConfig) -> bool:
-        return True  # nothing runs: commands only touch the in-memory filesystem
+    confined = True  # nothing runs: commands only touch the in-memory filesystem
 
     def __init__(self, config: FakeEnvConfig | None, spec: EnvSpec):
         super().__init__(spec)

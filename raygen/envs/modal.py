@@ -81,12 +81,9 @@ class ModalEnvironment(Environment):
 
     backend = "modal"
     runs_on_node = False  # sandboxes live in Modal's cloud: any node can drive them
+    confined = True
     # ``reap`` stays the default (0): every sandbox has a hard lifetime (``env.timeout_s``), so Modal ends
     # what a killed run left behind.
-
-    @classmethod
-    def confines_destructive_rows(cls, config: ModalEnvConfig) -> bool:
-        return True
 
     def __init__(self, config: ModalEnvConfig, spec: EnvSpec):
         super().__init__(spec)

@@ -119,6 +119,7 @@ class SingularityEnvironment(Environment):
     """One session's apptainer instance (see the module docstring for the guarantees)."""
 
     backend = "singularity"
+    confined = True
 
     @classmethod
     async def prepare(
@@ -129,10 +130,6 @@ class SingularityEnvironment(Environment):
     @classmethod
     def reap(cls, config: SingularityEnvConfig, run_name: str | None) -> int:
         return reap_instances(config, run_name)
-
-    @classmethod
-    def confines_destructive_rows(cls, config: SingularityEnvConfig) -> bool:
-        return True
 
     def __init__(self, config: SingularityEnvConfig, spec: EnvSpec):
         super().__init__(spec)
