@@ -210,21 +210,40 @@ async def test_fast_output_is_kept_when_the_reply_is_read_late(docker_config, cl
         assert b"" in outputs  # lost in 9 of 10 execs when measured
 
 
-def test_reaper_removes_only_the_runs_leftovers(docker_config, client):
+@pytest.fixture
+def leftovers(client):
+    """What a killed run leaves: two containers of run ``run`` (a running one and a created-only one) and
+    one of another run; yields (run, other)."""
     run, other = f"reap-{uuid.uuid4().hex[:6]}", f"keep-{uuid.uuid4().hex[:6]}"
     made = [
         client.containers.create(BUSYBOX, ["sleep", "300"], labels={LABEL_RUN: name}, network_mode="none")
         for name in (run, run, other)
     ]
-    made[0].start()  # a running one and a created-only one
-    try:
-        assert DockerEnvironment.reap(docker_config, run) == 2
-        assert containers_of(client, run) == []
-        assert len(containers_of(client, other)) == 1
-    finally:
-        for container in made:
-            with suppress(NotFound):
-                client.api.remove_container(container.id, force=True)
+    made[0].start()
+    yield run, other
+    for container in made:
+        with suppress(NotFound):
+            client.api.remove_container(container.id, force=True)
+
+
+def test_reaper_removes_only_the_runs_leftovers(docker_config, client, leftovers):
+    run, other = leftovers
+    assert DockerEnvironment.reap(docker_config, run) == 2
+    assert containers_of(client, run) == []
+    assert len(containers_of(client, other)) == 1
+
+
+def test_raygen_clean_removes_the_containers_of_a_killed_run(docker_config, client, leftovers, tmp_path):
+    from test_cli_clean import run_folder
+    from typer.testing import CliRunner
+
+    from raygen.cli import app
+
+    run, other = leftovers
+    result = CliRunner().invoke(app, ["clean", str(run_folder(tmp_path, {"type": "docker"}, run))])
+    assert result.exit_code == 0, result.output
+    assert "removed 2" in result.output
+    assert containers_of(client, run) == [] and len(containers_of(client, other)) == 1
 
 
 def test_zz_no_container_is_left_by_this_module(docker_config, client):
