@@ -149,6 +149,43 @@ class SamplingConfig(_Section):
     Recorded in the manifest."""
 
 
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+class ProviderConfig(_Section):
+    """What each request asks of the provider beyond sampling: reasoning, OpenRouter routing, streaming.
+    Mapped per provider by ``raygen.model.provider_options`` (docs/migrating-from-hermes.md)."""
+
+    api_style: Literal["auto", "openrouter", "openai"] = "auto"
+    """How reasoning options are spelled: OpenRouter's ``reasoning: {...}`` object or OpenAI's
+    ``reasoning_effort``; ``auto``: OpenRouter when ``model.base_url`` is on openrouter.ai, else OpenAI's."""
+    reasoning_effort: ReasoningEffort | None = None
+    """How much the model should reason (``--reasoning-effort``); unset: the provider's default."""
+    reasoning: bool = True
+    """False asks the provider for no reasoning at all (``--no-reasoning``): OpenRouter
+    ``reasoning: {enabled: false}``, OpenAI ``reasoning_effort: none``."""
+    providers_allowed: list[str] | None = None
+    """OpenRouter: only these upstream providers may serve the calls (``provider.only``)."""
+    providers_ignored: list[str] | None = None
+    """OpenRouter: never these upstream providers (``provider.ignore``)."""
+    providers_order: list[str] | None = None
+    """OpenRouter: try these upstream providers in this order (``provider.order``)."""
+    provider_sort: Literal["price", "throughput", "latency"] | None = None
+    """OpenRouter: rank upstream providers by this (``provider.sort``)."""
+    stream: bool = False
+    """Receive each reply as a stream of chunks (``stream: true``), for providers and gateways that need
+    it; the reply is assembled before the session goes on."""
+    stream_idle_timeout_s: float = Field(120.0, gt=0)
+    """With ``stream``: longest wait for the next chunk before the call counts as failed (and is retried);
+    ``model.timeout_s`` then bounds only the wait for the response to start."""
+
+    @model_validator(mode="after")
+    def _reasoning_consistent(self) -> ProviderConfig:
+        if not self.reasoning and self.reasoning_effort not in (None, "none"):
+            raise ValueError("reasoning: false (--no-reasoning) contradicts reasoning_effort")
+        return self
+
+
 class SessionConfig(_Section):
     """The multi-turn agent loop."""
 
@@ -176,6 +213,14 @@ class SessionConfig(_Section):
     """Names of environment variables whose values are secret (a row's ``env`` or the driver's host
     environment): the values are replaced by ``[REDACTED]`` in trajectories, even when a tool prints them,
     and a run-level check counts any that slipped into the output. The API key always is."""
+    ephemeral_system_prompt: str | None = None
+    """Sent to the model as the system message (after ``system_prompt``, if any) but never stored in
+    records: guidance that should not become training data."""
+    prefill_messages_file: Path | None = None
+    """JSON file holding a list of ``{"role": "system"|"user"|"assistant", "content": "..."}`` messages sent
+    before the prompt on every call (few-shot turns); not stored unless ``store_prefill``."""
+    store_prefill: bool = False
+    """Store the prefill messages in the records too, as turns before the prompt."""
 
     @model_validator(mode="after")
     def _one_system_prompt(self) -> SessionConfig:
@@ -187,6 +232,12 @@ class SessionConfig(_Section):
         if self.system_prompt_file is not None:
             return Path(self.system_prompt_file).read_text(encoding="utf-8")
         return self.system_prompt
+
+    def resolved_prefill(self) -> list[dict[str, str]]:
+        """The prefill messages (``raygen.session.prompting.load_prefill``); [] when there is no file."""
+        from raygen.session.prompting import load_prefill
+
+        return load_prefill(self.prefill_messages_file) if self.prefill_messages_file is not None else []
 
 
 class ToolsConfig(_Section):
@@ -554,6 +605,8 @@ class RunConfig(_Section):
     """Model backend."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     """Request options."""
+    provider: ProviderConfig = Field(default_factory=ProviderConfig)
+    """Reasoning, routing and streaming options of each request."""
     session: SessionConfig = Field(default_factory=SessionConfig)
     """Agent loop."""
     tools: ToolsConfig = Field(default_factory=ToolsConfig)

@@ -20,6 +20,7 @@ def test_no_prompt_lost_or_duplicated_under_a_429_storm(tmp_path):
     config = {
         "sim": {"latency_s": 0.02, "rate_limit_rpm": 300, "rate_limit_burst": 1, "log_path": str(log)},
         "model": {"max_retries": 60, "retry_max_wait_s": 2},
+        "governor": {"adaptive": False},  # no governor: the storm must reach the sessions
         "tools": {"distribution": "default"},
         "env": {"type": "fake"},
         "ray": {"workers": 2, "sessions_per_worker": 8},

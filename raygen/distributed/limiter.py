@@ -5,8 +5,10 @@
 - two token buckets (requests, tokens) refilled at the current target rate, holding at most ``burst_s``
   seconds' worth, so a minute's budget never goes out at once;
 - a cluster-wide in-flight count (leased slots not yet returned or completed);
-- AIMD: a 429 multiplies the target by ``decrease_factor`` (once per ``cut_window_s`` and only for requests
-  admitted since the last cut, so one burst of 429s cuts once); clean, busy traffic grows it again;
+- learning an unknown limit: with no ``rpm`` nothing is paced until the first 429; a 429 sets the target
+  to the rate the provider let through (``measured_limit_rpm``), once per ``cut_window_s`` and only for
+  requests admitted since the last cut, so one burst of 429s cuts once; clean, busy traffic then grows the
+  target: doubling far below the measured limit (slow start), additively near it (AIMD);
 - a global pause after a 429 until its Retry-After (or its ``x-ratelimit-reset-*`` header) passes.
 
 Workers take *leases* and send back ``UsageReport`` deltas (raygen.distributed.leases).
@@ -25,19 +27,31 @@ from raygen.distributed.leases import Lease, UsageReport
 
 MIN_RPM = 1.0
 """The adaptive target never drops below this (requests per minute)."""
-_FAST_PROBE = 4.0
-"""Growth multiplier while the target is well below the last rate that drew a 429 (or none has yet)."""
+_SLOW_START = 2.0
+"""Growth multiplier per interval while the target is far below the measured limit (or none is known)."""
 _NEAR_LAST_LIMIT = 0.9
-"""Below this share of the last limited rate, the target grows fast."""
-_FORGET_LAST_LIMIT = 1.1
-"""Above this multiple of the last limited rate without a 429, the old limit is forgotten."""
+"""Below this share of the measured limit, the target grows fast."""
+_FORGET_LAST_LIMIT = 1.5
+"""Above this multiple of the measured limit without a 429, the old limit is forgotten."""
 _BUSY_SHARE = 0.8
 """The target only grows when at least this share of it was used during the last interval."""
-_MIN_STEP_REQUESTS = 10
-"""An increase interval spans at least this many requests' worth of the target, so at low rates one probe
-past the limit is a small share of the traffic."""
+_MIN_STEP_REQUESTS = 3
+"""An increase interval spans at least this many requests' worth of the target, so that "busy" is judged on
+more than one request at low rates."""
+_KNOWN_TRIM = 0.02
+"""A 429 under a known ``rpm`` (adaptive off) lowers the pace by this share of it: the provider counts
+more strictly than the pacing allows for (a one-second sliding window with network jitter)."""
+_KNOWN_FLOOR = 0.9
+"""... but never below this share of the configured pace."""
 _RATE_WINDOW_S = 10
-"""Window of the achieved-rate figures in ``snapshot()``."""
+"""Window of the achieved-rate figures in ``snapshot()`` and of the rate measured when a 429 comes: as long
+as the longest window providers commonly count over short of a minute."""
+_MIN_MEASURE_S = 1.0
+"""The measured rate divides by at least this span (passed time plus Retry-After): no provider counts over
+less than a second, and a token bucket's stored burst must not read as a rate."""
+_SETTLE_S = 0.3
+"""After the first 429 of an unpaced run, nothing is granted for this long (or the Retry-After, if longer)
+so that the answers to everything already sent arrive before the rate is measured."""
 _HOLDER_TIMEOUT_S = 60.0
 """A worker silent for this long is presumed dead and its reserved slots are freed."""
 
@@ -58,8 +72,10 @@ class _Bucket:
         self.last = max(self.last, now)
 
     def retarget(self, rate: float, burst_s: float, minimum: float = 1.0) -> None:
+        # One unit more than the burst: a bucket that holds exactly one loses whatever refills between
+        # the moment it is full and the next ask (a few ms of lease round trip: ~10% at 20 requests/s).
         self.rate = rate
-        self.capacity = max(minimum, rate * burst_s)
+        self.capacity = minimum + rate * burst_s
         self.level = min(self.level, self.capacity)
 
     def seconds_until(self, amount: float) -> float:
@@ -68,26 +84,36 @@ class _Bucket:
 
 
 class _RateWindow:
-    """Counts per whole second over the last ``span_s`` seconds (bounded memory)."""
+    """Counts in bins of ``bin_s`` seconds over the last ``span_s`` seconds (bounded memory)."""
 
-    def __init__(self, span_s: int = _RATE_WINDOW_S):
-        self._span = span_s
-        self._bins: deque[list[float]] = deque()  # [second, count]
+    def __init__(self, span_s: float = _RATE_WINDOW_S, bin_s: float = 0.1):
+        self._bin_s = bin_s
+        self._bins_kept = round(span_s / bin_s)
+        self._bins: deque[list[float]] = deque()  # [bin number, count]
 
-    def add(self, now: float, amount: float) -> None:
-        second = math.floor(now)
-        if self._bins and self._bins[-1][0] == second:
+    def add(self, now: float, amount: float, at: float | None = None) -> None:
+        """Count ``amount`` now, or in the bin of the earlier moment ``at`` (dropped if no longer kept)."""
+        key = math.floor((now if at is None else at) / self._bin_s)
+        if at is not None and self._bins and key < self._bins[-1][0]:
+            for entry in reversed(self._bins):
+                if entry[0] <= key:
+                    entry[1] += amount
+                    break
+        elif self._bins and self._bins[-1][0] == key:
             self._bins[-1][1] += amount
         else:
-            self._bins.append([second, amount])
+            self._bins.append([key, amount])
         self._trim(now)
 
-    def total(self, now: float) -> float:
+    def total(self, now: float, since: float = -math.inf) -> float:
+        """Sum over the kept span, or from the bin of ``since`` on."""
         self._trim(now)
-        return sum(count for _, count in self._bins)
+        first = -math.inf if since == -math.inf else math.floor(since / self._bin_s)
+        return sum(count for key, count in self._bins if key >= first)
 
     def _trim(self, now: float) -> None:
-        while self._bins and self._bins[0][0] <= math.floor(now) - self._span:
+        oldest = math.floor(now / self._bin_s) - self._bins_kept
+        while self._bins and self._bins[0][0] <= oldest:
             self._bins.popleft()
 
 
@@ -134,6 +160,7 @@ class RateLimiter:
             self.ceiling_rpm: float | None = known_rpm
             self.target_rpm: float | None = known_rpm
         elif self.adaptive:
+            # No initial rate: unpaced (no request bucket) until the first 429 sets one.
             self.ceiling_rpm, self.target_rpm = config.max_rpm, config.initial_rpm
         else:
             self.ceiling_rpm = self.target_rpm = None
@@ -147,12 +174,17 @@ class RateLimiter:
         self.epoch = 0
         self.paused_until = now
         self._last_cut = -math.inf
-        self._last_limited_rpm: float | None = None
+        self.measured_limit_rpm: float | None = None
+        """The rate the provider let through when its last 429 came (None before any)."""
+        self._first_grant: float | None = None
+        self._settling: tuple[float, float] | None = None  # (first 429 at, its Retry-After)
+        self._pacing_since = -math.inf  # when the current target was set by a cut
         self._step_start = now
         self._step_admitted = 0.0
         self._step_tokens = 0.0
         self._step_limited = 0
         self._admitted = _RateWindow()
+        self._passed = _RateWindow()  # admitted minus returned minus answered 429
         self._token_use = _RateWindow()
         self._next_reap = now
         self.totals = {
@@ -195,6 +227,9 @@ class RateLimiter:
         self.reserved += granted
         state.outstanding += granted
         self._admitted.add(now, granted)
+        self._passed.add(now, granted)
+        if self._first_grant is None:
+            self._first_grant = now
         self._step_admitted += granted
         self._step_tokens += granted * per_request
         self.totals["granted"] += granted
@@ -212,6 +247,7 @@ class RateLimiter:
             state.in_flight = report.in_flight
         if report.returned:
             self._admitted.add(now, -report.returned)
+            self._passed.add(now, -report.returned)
             self._step_admitted -= report.returned
             if self._requests is not None:
                 self._requests.level = min(self._requests.capacity, self._requests.level + report.returned)
@@ -227,7 +263,10 @@ class RateLimiter:
         if report.rate_limited:
             self.totals["rate_limited"] += report.rate_limited
             self._step_limited += report.rate_limited
-            self._cut(now, report.rate_limited_epoch)
+            # A 429 on a slot granted before the last cut belongs to the rate before it.
+            stale = report.rate_limited_epoch < self.epoch and self._last_cut > -math.inf
+            self._passed.add(now, -report.rate_limited, at=self._last_cut - 1e-6 if stale else None)
+            self._cut(now, report.rate_limited_epoch, report.pause_s)
         if report.pause_s > 0:
             self._pause(now, report.pause_s)
         return self._lease_reply(0, 0.0, now)
@@ -250,6 +289,7 @@ class RateLimiter:
             "target_rpm": self.target_rpm,
             "ceiling_rpm": self.ceiling_rpm,
             "target_tpm": self.target_tpm,
+            "measured_limit_rpm": self.measured_limit_rpm,
             "achieved_rpm": self._admitted.total(now) * 60.0 / span if now > self._start else 0.0,
             "achieved_tpm": self._token_use.total(now) * 60.0 / span if now > self._start else 0.0,
             "in_flight": sum(h.in_flight for h in self._holders.values()),
@@ -297,6 +337,8 @@ class RateLimiter:
         for bucket in (self._requests, self._tokens):
             if bucket is not None:
                 bucket.refill(now)
+        if self._settling is not None and now >= self.paused_until:
+            self._start_pacing(now)
         if self.adaptive and now - self._step_start >= self._increase_interval_s():
             self._maybe_increase(now)
         if now >= self._next_reap:
@@ -352,59 +394,121 @@ class RateLimiter:
             target_rpm=self.target_rpm,
         )
 
-    def _cut(self, now: float, epoch: int) -> None:
-        """Multiplicative decrease, once per window and only for 429s on capacity granted since the last
-        cut: answers still arriving for requests sent at the old rate say nothing about the new one."""
-        if not self.adaptive or epoch < self.epoch or now - self._last_cut < self.config.cut_window_s:
+    def _cut(self, now: float, epoch: int, pause_s: float = 0.0) -> None:
+        """Set the target to the rate the provider let through, once per window and only for 429s on
+        capacity granted since the last cut: answers still arriving for requests sent at the old rate say
+        nothing about the new one."""
+        if epoch < self.epoch or now - self._last_cut < self.config.cut_window_s:
             return
-        factor = self.config.decrease_factor
-        last, target = self._last_limited_rpm, self.target_rpm
-        if (
-            last is not None
-            and target is not None
-            and _NEAR_LAST_LIMIT * last <= target <= _FORGET_LAST_LIMIT * last
-        ):
-            # The same limit again: it is known, so a shallower cut suffices (more throughput, same safety).
-            factor = math.sqrt(factor)
-        self._last_limited_rpm = target
-        self._set_targets(factor, now)
+        if not self.adaptive:
+            if self.target_rpm is not None and self.config.rpm is not None:
+                floor = _KNOWN_FLOOR * self.ceiling_rpm
+                self._trim_known(max(floor, self.target_rpm - _KNOWN_TRIM * self.ceiling_rpm), now)
+            return
+        previous_cut = self._pacing_since
+        self.epoch += 1
+        self._last_cut = self._pacing_since = now
+        self.totals["cuts"] += 1
+        self._start_step(now)
+        if self._requests is None:
+            # The first 429 of an unpaced run: everything sent so far is still being answered. Hold
+            # everyone until those answers are in, then measure (``_start_pacing``).
+            self._settling = (now, pause_s)
+            self._pause(now, max(_SETTLE_S, pause_s))
+            return
+        measured = self._measured_rpm(now, now, pause_s, since=previous_cut)
+        target = measured * self.config.headroom
+        if target >= self.target_rpm:
+            # Sent at the target, refused, yet measured at or above it: the figure is inflated (a burst
+            # the provider had stored, a window longer than ours), so fall back to a plain cut.
+            target = self.target_rpm * self.config.decrease_factor
+            measured = min(measured, self.target_rpm)
+        elif self.measured_limit_rpm is None:
+            # Slow start overshot: the rate before the last doubling passed, and the measured figure
+            # spans the whole climb, so it reads low.
+            target = max(target, self.target_rpm / _SLOW_START)
+        elif target < self.target_rpm * self.config.decrease_factor:
+            # Near a known limit, no deeper than a plain cut in one step: right after an overshoot a
+            # sliding window lets through only what expires, less than it allows on average. A further
+            # 429 cuts again.
+            target = self.target_rpm * self.config.decrease_factor
+        self.measured_limit_rpm = measured
+        self._set_target_rpm(target, now)
+
+    def _trim_known(self, target: float, now: float) -> None:
         self.epoch += 1
         self._last_cut = now
         self.totals["cuts"] += 1
+        self._set_target_rpm(target, now)
+
+    def _start_pacing(self, now: float) -> None:
+        """End of the settling after the first 429: pace from now on at the measured rate, with no burst."""
+        limited_at, pause_s = self._settling
+        self._settling = None
+        self.measured_limit_rpm = self._measured_rpm(now, limited_at, pause_s)
+        target = min(self.measured_limit_rpm * self.config.headroom, self.ceiling_rpm or math.inf)
+        self._requests = self._make_bucket(target, now)
+        self._requests.level = 0.0
+        self._pacing_since = now
+        self._set_target_rpm(target, now)
         self._start_step(now)
 
+    def _measured_rpm(self, now: float, limited_at: float, pause_s: float, since: float = -math.inf) -> float:
+        """What passed over the last ``_RATE_WINDOW_S`` until the 429 at ``limited_at`` (from the first
+        grant or ``since``, the start of the current pacing, if later), per minute of that span plus the
+        provider's Retry-After: a provider that let N through and then asks for W more seconds allows
+        about N per (span + W), whichever way it counts. Measuring from the last cut keeps a token
+        bucket's stored burst, spent before it, out of the figure."""
+        start = max(self._first_grant if self._first_grant is not None else limited_at, since)
+        start = max(start, now - _RATE_WINDOW_S)
+        span = max(0.0, limited_at - start)
+        passed = max(1.0, self._passed.total(now, since=start))
+        return passed * 60.0 / max(_MIN_MEASURE_S, span + max(0.0, pause_s))
+
     def _increase_interval_s(self) -> float:
+        if self.target_rpm is None:
+            return self.config.increase_interval_s
         return max(self.config.increase_interval_s, _MIN_STEP_REQUESTS * 60.0 / self.target_rpm)
 
     def _maybe_increase(self, now: float) -> None:
-        """Grow the target after a clean interval in which the target, not demand, was the bottleneck."""
+        """Grow the target after a clean interval in which the target, not demand, was the bottleneck:
+        doubling while far below the measured limit or before any 429 (slow start), else by
+        ``increase_fraction`` of the measured limit (additive increase)."""
         elapsed = now - self._step_start
         busy = False
         if self.target_rpm is not None:
             busy = self._step_admitted >= _BUSY_SHARE * self.target_rpm / 60.0 * elapsed
         if self.target_tpm is not None:
             busy = busy or self._step_tokens >= _BUSY_SHARE * self.target_tpm / 60.0 * elapsed
-        if busy and self._step_limited == 0 and now >= self.paused_until:
-            last = self._last_limited_rpm
-            if (
-                last is not None
-                and self.target_rpm is not None
-                and self.target_rpm > _FORGET_LAST_LIMIT * last
-            ):
-                self._last_limited_rpm = last = None  # the provider's limit has evidently risen
-            fast = last is None or (self.target_rpm or 0) < _NEAR_LAST_LIMIT * last
-            factor = 1.0 + self.config.increase_fraction * (_FAST_PROBE if fast else 1.0)
-            if fast and last is not None and self.target_rpm:
+        if busy and self._step_limited == 0 and now >= self.paused_until and self.target_rpm is not None:
+            last = self.measured_limit_rpm
+            if last is not None and self.target_rpm > _FORGET_LAST_LIMIT * last:
+                self.measured_limit_rpm = last = None  # the provider's limit has evidently risen
+            if last is None:
+                target = self.target_rpm * _SLOW_START
+            elif self.target_rpm < _NEAR_LAST_LIMIT * last:
                 # Recover quickly, but approach the rate that last drew a 429 in small steps.
-                factor = min(factor, _NEAR_LAST_LIMIT * last / self.target_rpm)
-            self._set_targets(factor, now)
+                target = min(self.target_rpm * _SLOW_START, _NEAR_LAST_LIMIT * last)
+            elif self.target_rpm < last:
+                target = self.target_rpm + self.config.increase_fraction * last
+            else:
+                # Past the measured limit a window provider answers late (a sliding window of 10 s only
+                # refuses once it is full), so probe a third as fast.
+                target = self.target_rpm + self.config.increase_fraction * last / 3
+            factor = target / self.target_rpm
+            self._set_target_rpm(target, now)
+            self._scale_tpm(factor, now)
         self._start_step(now)
 
-    def _set_targets(self, factor: float, now: float) -> None:
-        if self.target_rpm is not None:
-            self.target_rpm = min(max(MIN_RPM, self.target_rpm * factor), self.ceiling_rpm or math.inf)
-            self._requests.refill(now)
-            self._requests.retarget(self.target_rpm / 60.0, self.config.burst_s)
+    def _set_target_rpm(self, target: float, now: float) -> None:
+        old = self.target_rpm
+        self.target_rpm = min(max(MIN_RPM, target), self.ceiling_rpm or math.inf)
+        self._requests.refill(now)
+        self._requests.retarget(self.target_rpm / 60.0, self.config.burst_s)
+        if old is not None and target < old:
+            self._scale_tpm(self.target_rpm / old, now)
+
+    def _scale_tpm(self, factor: float, now: float) -> None:
         if self.target_tpm is not None:
             # The tpm ceiling is the configured tpm. At the floor, requests larger than the bucket still go
             # whenever it is full (see _available).
