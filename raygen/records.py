@@ -81,6 +81,9 @@ class Verification(BaseModel):
     """Why the check could not run (then the record fails with ``verify_error`` and has no reward)."""
     missing_artifacts: list[str] = Field(default_factory=list)
     """Declared artifacts the agent did not leave behind (the check still runs without them)."""
+    session_status: str = ""
+    """The session's own exit status before grading (``completed``, ``max_turns``): what ``raygen rescore``
+    restores when a check that could not run now does."""
 
 
 class Artifact(BaseModel):

@@ -43,6 +43,7 @@ class SessionWorker:
             base_url=plan.base_url,
             api_key=api_key,
             gate=gate,
+            provider=cfg.provider,
         )
         secrets = [s.get_secret_value() for s in plan.secret_values]
         if api_key:

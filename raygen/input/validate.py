@@ -148,6 +148,21 @@ def _find_bad(value: Any, where: str, bad: Any) -> str | None:
     return None
 
 
+FIELD_ALIASES = {"docker_image": "image"}
+"""Row fields under another name, as the reference runner (Hermes Agent's batch_runner) spells them."""
+
+
+def _accept_aliases(path: str, line: int, data: dict[str, Any], parsed: ParsedLine) -> None:
+    for alias, name in FIELD_ALIASES.items():
+        if alias not in data:
+            continue
+        value = data.pop(alias)
+        if name in data and data[name] != value:
+            parsed.problems.append(Problem(path, line, alias, f"differs from {name!r}; set only one of them"))
+        else:
+            data[name] = value
+
+
 def _move_unknown_fields(path: str, line: int, data: dict[str, Any], parsed: ParsedLine) -> None:
     """Move top-level keys that are not row fields into ``metadata`` (each one reported as a Notice)."""
     unknown = [key for key in data if key not in ROW_FIELDS]
@@ -217,6 +232,7 @@ def parse_line(path: str, line: int, raw: bytes | None, raw_size: int = 0) -> Pa
         )
         return parsed
     parsed.data = data
+    _accept_aliases(path, line, data, parsed)
     _move_unknown_fields(path, line, data, parsed)
     bad_string = None
     # Strict UTF-8 decoding already refused raw surrogates; only a \u escape can spell one.

@@ -18,6 +18,8 @@ from raygen.config import ChatAPIModelConfig, SamplingConfig
 from raygen.errors import SessionFailure
 from raygen.model.base import ChatModel, Completion, request_seed
 from raygen.model.gate import NoGate, RateGate
+from raygen.model.provider_options import request_options
+from raygen.model.streaming import StreamStalled, assemble
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +74,13 @@ class OpenAIChatModel(ChatModel):
         api_key: str,
         base_url: str,
         gate: RateGate | None = None,
+        provider: Any = None,
     ):
         self.name = config.model
+        # ``provider`` (a ProviderConfig): reasoning, routing and streaming options of each request.
+        self.provider = provider
+        self.options = request_options(provider, base_url) if provider is not None else {}
+        self.stream = provider is not None and provider.stream
         self.config = config
         self.sampling = sampling
         self.gate = gate or NoGate()
@@ -108,8 +115,12 @@ class OpenAIChatModel(ChatModel):
             payload["temperature"] = s.temperature
         if (seed := request_seed(s.seed)) is not None:
             payload["seed"] = seed
+        payload.update(self.options)  # reasoning and routing, spelled for this provider
         if s.extra_body:
             payload.update(s.extra_body)  # provider options (OpenRouter routing, reasoning effort, ...)
+        if self.stream:  # a real keyword: the SDK reads the answer as events only when told so
+            payload["stream_options"] = {"include_usage": True}
+            return {"model": self.name, "messages": [], "extra_body": payload, "stream": True}
         return {"model": self.name, "messages": [], "extra_body": payload}
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
@@ -146,6 +157,11 @@ class OpenAIChatModel(ChatModel):
             async with asyncio.timeout(self.config.timeout_s):
                 raw = await self.client.chat.completions.with_raw_response.create(**body)
                 response = raw.parse()
+            if self.stream:  # each chunk has its own idle timeout, the whole reply none
+                response = await assemble(response, self.provider.stream_idle_timeout_s)
+        except StreamStalled as exc:
+            self.gate.release(permit, status=None)
+            raise _Transient("provider_unavailable", str(exc)) from None
         except TimeoutError:
             self.gate.release(permit, status=None)
             detail = f"no complete response within model.timeout_s={self.config.timeout_s:g} s"
@@ -204,6 +220,8 @@ def _classify_status(exc: openai.APIStatusError, retry_after: float | None) -> E
         return _Transient("rate_limited", detail, retry_after)
     if status >= 500 or status in (408, 409):
         return _Transient("provider_unavailable", detail, retry_after)
+    if status == 413:  # payload too large: the conversation outgrew what the endpoint takes
+        return SessionFailure("context_length", detail)
     if status in (401, 403):
         return SessionFailure("provider_auth", detail)
     text = detail.lower()

@@ -36,6 +36,7 @@ from raygen.records import (
 )
 from raygen.safety import label_tool_call, rules_version
 from raygen.session.limits import capped_record, cut_reply, reply_chars
+from raygen.session.prompting import request_messages
 from raygen.session.reasoning import split_reasoning
 from raygen.session.scrub import Scrubber, worker_secret_values
 from raygen.session.sharegpt import to_sharegpt
@@ -69,6 +70,9 @@ class SessionRunner:
         self.env_config = env_config
         self.cfg = session
         self.system_prompt = session.resolved_system_prompt()
+        # Sent with every call; stored only with ``store_prefill`` (raygen/session/prompting.py).
+        self.prefill = session.resolved_prefill()
+        self.sent_prefill = [] if session.store_prefill else self.prefill
         self.run_name = run_name
         self.node = node
         self.config_fingerprint = config_fingerprint
@@ -106,6 +110,8 @@ class _SessionState:
         self.messages: list[dict[str, Any]] = []
         if runner.system_prompt:
             self.messages.append({"role": "system", "content": runner.system_prompt})
+        if runner.cfg.store_prefill:
+            self.messages.extend(dict(m) for m in runner.prefill)
         self.messages.append({"role": "user", "content": sample.row.prompt})
         self.tool_stats = {name: ToolStat() for name in runner.registry.all_tool_names()}
         self.tool_errors: dict[str, int] = {}
@@ -183,8 +189,10 @@ class _SessionState:
             )
         except VerifyError as exc:
             self.verification = exc.verification
+            self.verification.session_status = self.exit_status
             raise SessionFailure("verify_error", str(exc)) from None
         self.reward, self.verification = graded.reward, graded.verification
+        self.verification.session_status = self.exit_status
 
     async def _check_image(self) -> None:
         """Fail before any model call if the row's image cannot be had (checked once per image per
@@ -201,7 +209,10 @@ class _SessionState:
             t = time.monotonic()
             self.api_calls += 1  # before the call: one that fails after its retries was still made
             try:
-                completion = await self.r.model.complete(self.messages, self.schemas)
+                sent = request_messages(
+                    self.messages, self.r.cfg.ephemeral_system_prompt, self.r.sent_prefill
+                )
+                completion = await self.r.model.complete(sent, self.schemas)
             finally:
                 self.model_s += time.monotonic() - t
             self.usage.prompt_tokens += completion.prompt_tokens
