@@ -71,12 +71,11 @@ FilterIncomplete = Annotated[
 ]
 FilterUnsafe = Annotated[
     bool | None,
-    Opt(
-        "--filter-unsafe/--no-filter-unsafe", help="Reject sessions with an unsafe-labelled tool call \\[off]."
-    ),
+    Opt("--filter-unsafe/--no-filter-unsafe", help="Reject sessions with an unsafe-labelled call \\[off]."),
     Sets("filters.unsafe_actions"),
 ]
 
 ToolsetPlugins = Annotated[list[str] | None, Opt("--toolset-plugin", help="Extra toolsets (module:attr).")]
-RunDirArg = Annotated[Path, typer.Argument(help="A run folder.")]
+# str, not Path: a run folder may be an object-store URI (Path would fold s3://b into s3:/b).
+RunDirArg = Annotated[str, typer.Argument(help="A run folder: a path, or s3://... / gs://...")]
 DatasetArg = Annotated[Path, typer.Argument(help="Prompts JSONL.")]

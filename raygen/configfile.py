@@ -128,13 +128,21 @@ def _layer(source: Source) -> _Layer:
 
 def _default_types(data: dict[str, Any]) -> None:
     """Backend sections are discriminated unions; a section given without ``type`` means the default
-    backend."""
-    for section, default in _DEFAULT_TYPES.items():
-        if isinstance(data.get(section), dict):
-            data[section].setdefault("type", default)
+    backend: ``local`` for ``env``; for ``model``, ``openai`` if it names an endpoint, else ``sim``."""
+    if isinstance(data.get("env"), dict):
+        data["env"].setdefault("type", "local")
+    if isinstance(data.get("model"), dict):
+        data["model"].setdefault("type", "sim" if data["model"].get("base_url") is None else "openai")
 
 
-_DEFAULT_TYPES = {"model": "openai", "env": "local"}
+def run_config_from_manifest(config: dict[str, Any]) -> RunConfig:
+    """The RunConfig a run folder's ``manifest.json`` recorded. Runs made before ``model.type: sim``
+    recorded the simulator as ``openai`` without ``base_url``; they are read as ``sim``."""
+    model = config.get("model")
+    if isinstance(model, dict) and model.get("type") == "openai" and model.get("base_url") is None:
+        legacy = {k: v for k, v in model.items() if k not in ("base_url", "api_key_env")}
+        config = {**config, "model": {**legacy, "type": "sim"}}
+    return RunConfig.model_validate(config)
 
 
 def load_config(

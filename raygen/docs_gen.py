@@ -23,7 +23,8 @@ at a time on the command line with its dotted key, the value read as YAML: `rayg
 session.max_turns=12 -c 'sampling.extra_body={reasoning: {effort: high}}'`. Files and `-c key=value`
 settings apply in the order given (later wins), and the named flags of `raygen run --help` win over both.
 Backend sections (`model`, `env`) choose their backend with `type`; a section without `type` means the
-default backend (`openai`, `local`).
+default backend: `local` for `env`; for `model`, `openai` if it has a `base_url`, else `sim` (the built-in
+simulator, also the default when there is no `model` section).
 """
 
 

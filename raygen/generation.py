@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from raygen.config import RunConfig, fingerprint
 from raygen.errors import ConfigError
+from raygen.model.endpoint import endpoint_label
+from raygen.model.provider_options import request_options
 from raygen.tools.distributions import BoundDistribution, load_distribution
 from raygen.tools.registry import ToolRegistry, load_registry
 
@@ -38,15 +39,18 @@ class GenerationSetup:
         model = config.model
         generation = {
             "model": model.model,
-            "model_type": model.type,
-            "base_url": getattr(model, "base_url", None)
-            or ("builtin-simulator" if model.type == "openai" else None),
+            # Spelled as before ``model.type: sim`` existed (the simulator was an ``openai`` model without
+            # an endpoint), so simulator runs made then keep their fingerprint and resume unchanged.
+            "model_type": "openai" if model.type == "sim" else model.type,
+            "base_url": endpoint_label(config),
             "sampling": config.sampling.model_dump(mode="json"),
             "max_turns": config.session.max_turns,
             "system_prompt": config.session.resolved_system_prompt(),
             "distribution": {"name": distribution.name, "toolsets": distribution.probabilities()},
             "tool_schemas": [t.schema() for t in registry.tools_for(registry.toolset_names())],
             "seed": config.seed,
+            # Only when set, so runs made before these options existed keep their fingerprint.
+            **_optional_generation(config),
         }
         return cls(
             registry=registry,
@@ -59,8 +63,21 @@ class GenerationSetup:
         )
 
 
+def _optional_generation(config: RunConfig) -> dict[str, Any]:
+    """Reasoning and routing options, ephemeral system prompt and prefill: what they change is what the
+    model is asked, so they belong to the fingerprint (reading the prefill file also checks it early)."""
+    session = config.session
+    optional = {
+        "provider_options": request_options(config.provider, getattr(config.model, "base_url", None)),
+        "ephemeral_system_prompt": session.ephemeral_system_prompt,
+        "prefill": session.resolved_prefill(),
+        "store_prefill": session.store_prefill or None,
+    }
+    return {key: value for key, value in optional.items() if value}
+
+
 def _api_key(config: RunConfig) -> str:
-    if config.model.type != "openai" or config.model.base_url is None:
+    if config.model.type != "openai":
         return ""
     key = os.environ.get(config.model.api_key_env, "")
     if not key:
@@ -71,9 +88,8 @@ def _api_key(config: RunConfig) -> str:
     return key
 
 
-def resume_check(manifest_path: Path, setup: GenerationSetup, *, force: bool) -> None:
-    """Refuse to resume with a different generation config unless forced."""
-    previous = json.loads(manifest_path.read_text(encoding="utf-8"))
+def resume_check(previous: dict[str, Any], setup: GenerationSetup, *, force: bool) -> None:
+    """Refuse to resume with another generation config (``previous``: the run's manifest) unless forced."""
     if previous.get("config_fingerprint") == setup.fingerprint or force:
         return
     changes = describe_changes(previous.get("generation") or {}, setup.generation)

@@ -170,3 +170,42 @@ def test_malformed_dataset_fails_fast_without_model_calls(tmp_path):
     assert "image" in proc.stderr  # did-you-mean for imgae
     assert not log.exists() or log.read_text() == ""
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_default_model_is_the_simulator_announced_in_one_line(e2e):
+    manifest = json.loads((e2e["run"] / "manifest.json").read_text())
+    assert manifest["config"]["model"]["type"] == "sim"
+    announced = [line for line in e2e["proc"].stderr.splitlines() if "built-in simulator" in line]
+    assert len(announced) == 1 and announced[0].startswith(
+        "no --base-url: using the built-in simulator at http"
+    )
+
+
+def test_a_run_made_before_model_type_sim_still_reads_and_resumes(e2e, tmp_path):
+    """Runs made before ``model.type: sim`` recorded the simulator as an ``openai`` model without
+    ``base_url``: status, merge and --resume still accept them (same generation fingerprint)."""
+    import shutil
+
+    run = tmp_path / "runs" / "e2e"
+    shutil.copytree(e2e["run"], run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    # How those runs spelled the simulator, in the config and in the fingerprinted generation settings.
+    assert manifest["generation"]["model_type"] == "openai"
+    assert manifest["generation"]["base_url"] == "builtin-simulator"
+    model = {k: v for k, v in manifest["config"]["model"].items() if k != "type"}
+    manifest["config"]["model"] = {
+        "type": "openai",
+        "base_url": None,
+        "api_key_env": "OPENAI_API_KEY",
+        **model,
+    }
+    (run / "manifest.json").write_text(json.dumps(manifest))
+
+    assert raygen("status", str(run)).returncode == 0
+    assert raygen("merge", str(run)).returncode == 0
+    again = raygen(
+        "run", str(e2e["tmp"] / "prompts.jsonl"), "-c", str(e2e["tmp"] / "run.yaml"),
+        "--output-dir", str(tmp_path / "runs"), "--resume",
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "0 to run" in again.stderr

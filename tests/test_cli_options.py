@@ -31,7 +31,7 @@ def test_every_flag_names_a_real_config_key():
         for name, key in keys.items():
             hint = typing.get_args(typing.get_type_hints(command)[name])[0]
             value = "local" if key == "env.type" else samples.get(hint, "x")
-            data: dict = {}
+            data: dict = {"model": {"base_url": "http://x/v1"}} if key.startswith("model.") else {}
             set_path(data, key, value)
             load_config(None, data)  # raises ConfigError naming the key if it does not exist
 

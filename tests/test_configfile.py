@@ -78,3 +78,30 @@ def test_bad_override_syntax_and_values():
         load_config(["ray.workers"])  # no '=': a file name, and there is no such file
     with pytest.raises(ConfigError, match=r"-c nope.key=1: nope: Extra inputs are not permitted"):
         load_config(["nope.key=1"])
+
+
+def test_a_model_without_endpoint_is_the_simulator(tmp_path):
+    from raygen.config import RunConfig
+
+    assert RunConfig().model.type == "sim"
+    assert load_config(None).model.type == "sim"
+    # A model section without type: the simulator unless it names an endpoint.
+    assert load_config(None, {"model": {"model": "m", "timeout_s": 5}}).model.type == "sim"
+    assert load_config(None, {"model": {"base_url": "http://x/v1"}}).model.type == "openai"
+    path = tmp_path / "run.yaml"
+    path.write_text("ray: {workers: 2}\nmodel:\n  type: openai\n  model: m\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert f"  {path}:2: model.base_url: Field required" in str(info.value).splitlines()
+    # An endpoint given on the command line turns a file's model section into an openai one.
+    assert load_config(path, {"model": {"base_url": "http://x/v1"}}).model.model == "m"
+
+
+def test_manifests_of_runs_made_before_model_type_sim_read_as_sim():
+    from raygen.configfile import run_config_from_manifest
+
+    legacy = {"model": {"type": "openai", "base_url": None, "model": "raygen-sim", "api_key_env": "K"}}
+    model = run_config_from_manifest(legacy).model
+    assert model.type == "sim" and model.model == "raygen-sim"
+    real = {"model": {"type": "openai", "base_url": "http://x/v1", "model": "m", "api_key_env": "K"}}
+    assert run_config_from_manifest(real).model.type == "openai"

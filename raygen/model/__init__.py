@@ -9,17 +9,27 @@ from raygen.model.gate import RateGate
 
 
 def create_model(
-    config: Any, *, sampling: Any, sim: Any, base_url: str | None, api_key: str, gate: RateGate | None = None
+    config: Any,
+    *,
+    sampling: Any,
+    sim: Any,
+    base_url: str | None,
+    api_key: str,
+    gate: RateGate | None = None,
+    provider: Any = None,
 ) -> ChatModel:
     """Build the chat model for ``config`` (a ModelConfig). ``base_url`` is the resolved endpoint
-    (the simulator's when the config has none)."""
+    (``raygen.model.endpoint``: the simulator's for ``sim``); ``provider`` (a ProviderConfig) adds the
+    reasoning, routing and streaming options."""
     if config.type == "scripted":
         from raygen.model.scripted import ScriptedModel
 
         return ScriptedModel(config, sim)
     from raygen.model.openai_model import OpenAIChatModel
 
-    return OpenAIChatModel(config, sampling, api_key=api_key, base_url=base_url or "", gate=gate)
+    return OpenAIChatModel(
+        config, sampling, api_key=api_key, base_url=base_url or "", gate=gate, provider=provider
+    )
 
 
 __all__ = ["ChatModel", "Completion", "create_model"]

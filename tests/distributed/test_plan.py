@@ -12,7 +12,7 @@ def plan(**sections) -> WorkerPlan:
 
 def test_connections_follow_the_session_slots_unless_set():
     assert plan(ray={"sessions_per_worker": 300}).model_config().max_connections == 300
-    explicit = plan(ray={"sessions_per_worker": 300}, model={"type": "openai", "max_connections": 40})
+    explicit = plan(ray={"sessions_per_worker": 300}, model={"type": "sim", "max_connections": 40})
     assert explicit.model_config().max_connections == 40
     scripted = plan(model={"type": "scripted"})
     assert scripted.model_config() is scripted.config.model

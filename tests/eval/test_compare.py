@@ -22,7 +22,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "base": ({}, {}),
         # Same generation, other dataset and seed, only three categories, different filters: allowed.
         "same": ({"seed": 9, "filters": {"incomplete": True}}, {"categories": CATEGORIES[:3]}),
-        "model": ({"model": {"type": "openai", "model": "other-model"}}, {}),
+        "model": ({"model": {"type": "sim", "model": "other-model"}}, {}),
         "route": ({"sampling": {"extra_body": {"provider": {"order": ["deepinfra"]}}}}, {}),
         "temperature": ({"sampling": {"temperature": 0.2}}, {}),
         "turns": ({"session": {"max_turns": 4}}, {}),

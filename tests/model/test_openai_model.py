@@ -30,7 +30,7 @@ class SpyGate:
 
 
 def model(url: str, gate=None, **cfg: Any) -> OpenAIChatModel:
-    config = OpenAIModelConfig(**{"max_retries": 3, "retry_max_wait_s": 5, **cfg})
+    config = OpenAIModelConfig(**{"base_url": url, "max_retries": 3, "retry_max_wait_s": 5, **cfg})
     return OpenAIChatModel(
         config,
         SamplingConfig(extra_body={"provider": {"only": ["x"]}}),
@@ -130,7 +130,7 @@ async def test_request_carries_sampling_and_extra_body():
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
     try:
-        config = OpenAIModelConfig(model="m")
+        config = OpenAIModelConfig(model="m", base_url=f"http://127.0.0.1:{port}/v1")
         sampling = SamplingConfig(
             max_tokens=7,
             temperature=0.3,

@@ -171,13 +171,13 @@ async def test_secret_printed_by_a_tool_never_reaches_the_record():
 
 async def test_real_shell_through_http_simulator(tmp_path):
     """Local backend + the simulator over HTTP via the openai SDK: the nonce only appears if bash ran."""
-    from raygen.config import OpenAIModelConfig, SamplingConfig
+    from raygen.config import SamplingConfig, SimModelConfig
     from raygen.model.openai_model import OpenAIChatModel
     from raygen.sim.server import SimServer
 
     cfg = SimConfig(latency_s=0.0, reasoning_style="field", log_path=tmp_path / "sim.jsonl")
     async with SimServer(cfg) as sim:
-        model = OpenAIChatModel(OpenAIModelConfig(), SamplingConfig(), api_key="x", base_url=sim.url)
+        model = OpenAIChatModel(SimModelConfig(), SamplingConfig(), api_key="x", base_url=sim.url)
         s = sample("Print hello in the shell.")
         rec = await runner(model, env=LocalEnvConfig(root=tmp_path)).run(s)
         await model.aclose()
