@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from raygen.verify.spec import VerifySpec
 
@@ -257,7 +257,11 @@ class LocalEnvConfig(_Section):
     root: Path | None = None
     """Parent folder of the per-session workdirs; unset uses the system temp dir."""
     bwrap: bool = False
-    """Confine each session with bubblewrap: host read-only, only its workdir writable, no network."""
+    """Confine each session with bubblewrap: system folders read-only, only its workdir writable, private
+    HOME and /tmp, no network, its own PID namespace (docs/backends.md lists what is mounted)."""
+    subreaper: bool = True
+    """Without bwrap, run each command under a child subreaper so that whatever it detaches (``setsid``,
+    ``nohup``, double forks) still ends with the session; costs one short Python start (~10 ms) a command."""
     keep_env: list[str] = Field(default_factory=lambda: ["PATH", "LANG", "LC_ALL", "TZ", "TERM"])
     """Host environment variables passed to commands; everything else is dropped."""
 
@@ -553,6 +557,24 @@ class RetryConfig(_Section):
     drain_timeout_s: float = Field(60.0, ge=0)
     """On SIGTERM, SIGINT or SIGUSR1 the run drains: no new session starts, sessions in flight get this
     many seconds to finish, everything finished is merged, and raygen exits with code 75 (resumable)."""
+    retry_failed: list[str] = Field(default_factory=list)
+    """With ``--resume``: failure kinds (``provider_auth``, ``provider_bad_request``, ...) whose final
+    failures run again, each with ``max_attempts`` new attempts (``--retry-failed KIND[,KIND]``), e.g. after
+    fixing a key or a model name (a changed generation config also needs ``--force``)."""
+
+    @field_validator("retry_failed", mode="before")
+    @classmethod
+    def _known_kinds(cls, kinds: Any) -> Any:
+        from raygen.errors import FAILURE_KINDS
+
+        if isinstance(kinds, str):  # the flag's KIND[,KIND]
+            kinds = [k.strip() for k in kinds.split(",") if k.strip()]
+        if not isinstance(kinds, list):
+            return kinds  # pydantic reports the type
+        unknown = [k for k in kinds if k not in FAILURE_KINDS]
+        if unknown:
+            raise ValueError(f"unknown failure kind {unknown[0]!r}; known: {', '.join(FAILURE_KINDS)}")
+        return kinds
 
 
 class HygieneConfig(_Section):

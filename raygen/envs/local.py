@@ -22,11 +22,10 @@ import os
 import posixpath
 import re
 import shutil
-import signal
 import subprocess
+import sys
 import tempfile
 import time
-from contextlib import suppress
 from pathlib import Path
 
 from raygen.config import LocalEnvConfig
@@ -36,6 +35,7 @@ from raygen.envs.host import looks_secret, remove_tree
 from raygen.envs.processes import (
     TIMEOUT_EXIT_CODE,
     kill_group,
+    kill_process_trees,
     read_regular_file,
     run_captured,
     write_file,
@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BWRAP_FLAGS = ("--unshare-net", "--unshare-pid", "--die-with-parent", "--new-session")
+
+SUBREAPER = str(Path(__file__).with_name("subreaper.py"))
+"""The script every command of the bare local backend runs under (see its docstring)."""
 
 _warned_not_sandbox = False
 
@@ -75,37 +78,6 @@ def _group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _leftover_pids(pgids: set[int], workdir: str) -> list[int]:
-    """Live (non-zombie) processes in these process groups or working inside ``workdir``: the latter
-    catches children that left the group (``setsid``) and bwrap's sandboxed processes. Scans /proc."""
-    try:
-        entries = [name for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return []
-    found = []
-    for name in entries:
-        try:
-            # os.open/os.read, not open(): a text file object costs 3x more, and this runs at every close
-            # over every process on the host.
-            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
-            try:
-                raw = os.read(fd, 4096)
-            finally:
-                os.close(fd)
-            fields = raw.rsplit(b")", 1)[1].split()  # comm may contain spaces and ")"
-            if fields[0] in (b"Z", b"X") or int(name) == os.getpid():
-                continue
-            if int(fields[2]) in pgids:
-                found.append(int(name))
-                continue
-            cwd = os.readlink(f"/proc/{name}/cwd")
-        except (OSError, IndexError, ValueError):
-            continue
-        if cwd == workdir or cwd.startswith(workdir + "/"):
-            found.append(int(name))
-    return found
 
 
 def bwrap_problem(bwrap: str | None = None) -> str | None:
@@ -203,6 +175,10 @@ class LocalEnvironment(Environment):
 
     def _argv(self, command: str, cwd: Path) -> list[str]:
         if not self._bwrap:
+            # Under the subreaper, whatever the command detaches stays findable (bwrap has a PID
+            # namespace instead, which ends with the command).
+            if self.config.subreaper:
+                return [sys.executable, "-I", "-S", SUBREAPER, "bash", "-c", command]
             return ["bash", "-c", command]
         workdir = str(self.workdir)
         # Order matters: later mounts win, so the workdir stays visible even when it lives under /tmp.
@@ -236,6 +212,7 @@ class LocalEnvironment(Environment):
             timeout_s=timeout_s,
             max_output_chars=max_output_chars,
             groups=self._process_groups,
+            whole_tree=not self._bwrap,
         )
         # Background jobs keep the group alive: close() kills it then.
         if not _group_alive(done.pgid):
@@ -274,20 +251,17 @@ class LocalEnvironment(Environment):
             return
         self._closed = True
         groups, self._process_groups = self._process_groups, set()
+        # Every process of the session: its commands' groups, all their descendants wherever they went
+        # (the subreaper keeps detached daemons among them), and anything working inside the workdir.
+        # Repeated until none is left (bounded), so nothing writes into the workdir while it is removed
+        # and "closed" means "no process left".
+        workdir = str(self.workdir) if self.workdir is not None else None
+        for _ in range(100):
+            if not await asyncio.to_thread(kill_process_trees, groups, workdir):
+                break
+            await asyncio.sleep(0.02)
         for pgid in groups:
             kill_group(pgid)
-        # SIGKILL lands asynchronously, and a child may have left its group: kill whatever still runs in
-        # the session (bounded wait), so nothing writes into the workdir while it is removed and
-        # "closed" means "no process left".
-        if self.workdir is not None:
-            for _ in range(100):
-                leftovers = await asyncio.to_thread(_leftover_pids, groups, str(self.workdir))
-                if not leftovers:
-                    break
-                for pid in leftovers:
-                    with suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, signal.SIGKILL)
-                await asyncio.sleep(0.02)
         if self.workdir is not None:
             # Shielded: if the caller is cancelled again, the removal still completes in its thread.
             removed = await asyncio.shield(asyncio.to_thread(remove_tree, self.workdir))

@@ -95,6 +95,7 @@ async def run_captured(
     before_kill: Callable[[], Awaitable[None]] | None = None,
     on_cancel: Callable[[], None] | None = None,
     keep_group: bool = True,
+    whole_tree: bool = False,
 ) -> Captured:
     """Run ``argv`` in its own process group (stdin /dev/null), capturing stdout and stderr bounded.
 
@@ -104,7 +105,8 @@ async def run_captured(
     On timeout ``before_kill`` runs (e.g. a kill inside a container), then the group is SIGKILLed.
     Background children may hold the pipes after the command exits: they are read for ``DRAIN_GRACE_S``
     more, then no longer. If the caller is cancelled mid-command the group is killed and ``on_cancel``
-    called (it must not block).
+    called (it must not block). With ``whole_tree``, every kill also takes the group's descendants that
+    left it (``kill_process_trees``), first: under a subreaper they are still its descendants.
     """
     loop = asyncio.get_running_loop()
     try:
@@ -134,6 +136,8 @@ async def run_captured(
             timed_out = True
             if before_kill is not None:
                 await before_kill()
+            if whole_tree:
+                await asyncio.to_thread(kill_process_trees, {pgid})
             kill_group(pgid)
             await asyncio.wait([protocol.exited], timeout=DRAIN_GRACE_S)
         await asyncio.wait(pumps, timeout=DRAIN_GRACE_S)
@@ -141,6 +145,8 @@ async def run_captured(
         for pump in pumps:
             pump.cancel()
         if transport.get_returncode() is None:
+            if whole_tree:
+                kill_process_trees({pgid})  # a /proc scan, in the loop: a cancellation cannot wait
             kill_group(pgid)  # cancelled mid-command: nothing may outlive the caller's interest
             if on_cancel is not None:
                 on_cancel()
@@ -167,3 +173,78 @@ def read_regular_file(path: Path) -> bytes:
 def write_file(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
+
+
+def _process_table() -> dict[int, tuple[int, int]]:
+    """``{pid: (ppid, pgid)}`` of every live (non-zombie) process on the host, from /proc."""
+    table: dict[int, tuple[int, int]] = {}
+    try:
+        entries = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return table
+    for name in entries:
+        try:
+            # os.open/os.read, not open(): a text file object costs 3x more, and this runs at every close
+            # over every process on the host.
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
+            try:
+                raw = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            fields = raw.rsplit(b")", 1)[1].split()  # comm may contain spaces and ")"
+        except (OSError, IndexError):
+            continue
+        if fields[0] not in (b"Z", b"X"):
+            table[int(name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def _inside(pid: int, workdir: str) -> bool:
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return False
+    return cwd == workdir or cwd.startswith(workdir + "/")
+
+
+def process_trees(pgids: set[int], workdir: str | None = None) -> set[int]:
+    """Live processes in these process groups (or working inside ``workdir``) and all their descendants.
+
+    Descendants count whatever group or session they moved to: under the local backend's subreaper
+    (raygen/envs/subreaper.py) a detached daemon stays a descendant of its command's keeper."""
+    table = _process_table()
+    me = os.getpid()
+    children: dict[int, list[int]] = {}
+    roots = []
+    for pid, (ppid, pgid) in table.items():
+        children.setdefault(ppid, []).append(pid)
+        if pid != me and (pgid in pgids or (workdir is not None and _inside(pid, workdir))):
+            roots.append(pid)
+    found: set[int] = set()
+    while roots:
+        pid = roots.pop()
+        if pid not in found and pid != me:
+            found.add(pid)
+            roots.extend(children.get(pid, ()))
+    return found
+
+
+def kill_process_trees(pgids: set[int], workdir: str | None = None) -> int:
+    """SIGKILL every process of ``process_trees``; returns how many were signalled.
+
+    All are stopped first, pass after pass until a pass finds no new one, and only then killed: a killed
+    parent's children would otherwise go to init before they were seen, and a stopped process cannot
+    fork another."""
+    stopped: set[int] = set()
+    for _ in range(MAX_KILL_PASSES):
+        new = process_trees(pgids, workdir) - stopped
+        if not new:
+            break
+        for pid in new:
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= new
+    for pid in stopped:
+        with suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return len(stopped)
