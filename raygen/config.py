@@ -179,6 +179,12 @@ class ProviderConfig(_Section):
     """With ``stream``: longest wait for the next chunk before the call counts as failed (and is retried);
     ``model.timeout_s`` then bounds only the wait for the response to start."""
 
+    @field_validator("providers_allowed", "providers_ignored", "providers_order", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        # The flags take ``a,b,c`` as the reference runner's do.
+        return [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _reasoning_consistent(self) -> ProviderConfig:
         if not self.reasoning and self.reasoning_effort not in (None, "none"):

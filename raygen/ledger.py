@@ -36,6 +36,9 @@ class KeyState:
     """A non-failed attempt (kept or rejected) was recorded: the sample is final."""
     last_failure: str | None = None
     """Failure kind of the latest failed attempt."""
+    reopened_until: int = 0
+    """Set by ``Ledger.reopen``: the sample may run again, up to this attempt number, whatever its last
+    failure; a new failure is then judged as usual."""
 
 
 @dataclass
@@ -70,9 +73,25 @@ class Ledger:
         state = self.keys.get(key)
         if state is None:
             return 1
-        if state.succeeded or state.last_failure not in RETRYABLE or state.attempts >= max_attempts:
+        if state.succeeded:
+            return None
+        if state.attempts < state.reopened_until:
+            return state.attempts + 1
+        if state.last_failure not in RETRYABLE or state.attempts >= max(max_attempts, state.reopened_until):
             return None
         return state.attempts + 1
+
+    def reopen(self, kinds: Iterable[str], max_attempts: int) -> int:
+        """``--retry-failed``: samples whose latest failure is one of ``kinds`` get ``max_attempts`` new
+        attempts (their first one whatever the kind; later ones only after a retryable failure, as
+        usual). Returns how many samples were reopened."""
+        kinds = set(kinds)
+        reopened = 0
+        for state in self.keys.values():
+            if not state.succeeded and state.last_failure in kinds:
+                state.reopened_until = state.attempts + max_attempts
+                reopened += 1
+        return reopened
 
     def record(self, key: str, attempt: int, exit_status: str) -> None:
         """Count one finished attempt (from a shard, or delivered to this process)."""
@@ -80,6 +99,8 @@ class Ledger:
         if is_failure_status(exit_status):
             if attempt >= state.attempts:
                 state.last_failure = failure_kind(exit_status)
+                if state.last_failure not in RETRYABLE:
+                    state.reopened_until = 0  # a reopened sample failed finally again: done
         else:
             state.succeeded = True
         state.attempts = max(state.attempts, attempt)

@@ -170,7 +170,7 @@ class HermesOptions:
     """The fixed key list of ``tool_stats``/``tool_error_counts``."""
 
 
-def hermes_options(config: Any, run_dir: Path, fmt: str | None = None) -> HermesOptions | None:
+def hermes_options(config: Any, run_dir: Any, fmt: str | None = None) -> HermesOptions | None:
     """Options for ``config`` (a RunConfig), or None when the output format (``fmt`` overrides the
     config's) is raygen's own."""
     if (fmt or config.output.format) != "hermes":
