@@ -76,11 +76,15 @@ class Difference:
     """One setting that differs between run A and run B (values shortened for display)."""
 
     field: str
-    a: Any
-    b: Any
+    run_a: Any
+    run_b: Any
 
     def describe(self) -> str:
-        return f"{self.field}: {brief(self.a)} vs {brief(self.b)}"
+        return f"{self.field}: {brief(self.run_a)} vs {brief(self.run_b)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """As in ``raygen compare --json``: ``{"field", "a", "b"}``."""
+        return {"field": self.field, "a": self.run_a, "b": self.run_b}
 
 
 def brief(value: Any, limit: int = 160) -> str:
@@ -194,8 +198,8 @@ def compare_documents(a: RunInfo, b: RunInfo, *, force: bool = False) -> dict[st
     total_a, total_b = bucket_metrics(sa)["sessions"] or 0, bucket_metrics(sb)["sessions"] or 0
     return {
         "runs": {"a": {"name": a.name, "dir": str(a.run_dir)}, "b": {"name": b.name, "dir": str(b.run_dir)}},
-        "differences": [vars(d) for d in problems],
-        "other_differences": [vars(d) for d in _differences(INFORMATIONAL, a.manifest, b.manifest)],
+        "differences": [d.to_dict() for d in problems],
+        "other_differences": [d.to_dict() for d in _differences(INFORMATIONAL, a.manifest, b.manifest)],
         "overview": {**_pairs(bucket_metrics(sa), bucket_metrics(sb)), **_pairs(_counts(sa), _counts(sb), 0)},
         "exit_statuses": {
             s: {

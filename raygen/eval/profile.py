@@ -54,7 +54,8 @@ class Histogram:
     """``"n"``: whole counts; ``"s"``: durations; ``""``: large numbers (``1k``, ``1M``)."""
     counts: list[int] = field(default_factory=list)
     total: float = 0.0
-    n: int = 0
+    observed: int = 0
+    """How many values were added."""
     max: float = 0.0
 
     def __post_init__(self) -> None:
@@ -65,7 +66,7 @@ class Histogram:
         index = bisect.bisect_right(self.edges, value) - 1
         self.counts[index if index > 0 else 0] += 1
         self.total += value
-        self.n += 1
+        self.observed += 1
         if value > self.max:
             self.max = value
 
@@ -75,12 +76,12 @@ class Histogram:
             raise ValueError("histograms with different bins cannot be merged")
         self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
         self.total += other.total
-        self.n += other.n
+        self.observed += other.observed
         self.max = max(self.max, other.max)
 
     @property
     def mean(self) -> float | None:
-        return self.total / self.n if self.n else None
+        return self.total / self.observed if self.observed else None
 
     def labels(self) -> list[str]:
         """Bin labels: ``"3"`` and ``"6-7"`` (inclusive) for counts (``unit="n"``), ``"1k-2k"`` for
@@ -98,9 +99,9 @@ class Histogram:
 
     def quantile(self, q: float) -> str | None:
         """The label of the bin holding the ``q`` quantile (a histogram cannot say more)."""
-        if not self.n:
+        if not self.observed:
             return None
-        target, seen = q * self.n, 0
+        target, seen = q * self.observed, 0
         for label, count in zip(self.labels(), self.counts, strict=True):
             seen += count
             if seen >= target and count:
@@ -111,7 +112,7 @@ class Histogram:
         return {
             "labels": self.labels(),
             "counts": list(self.counts),
-            "n": self.n,
+            "n": self.observed,
             "mean": self.mean,
             "max": self.max,
         }

@@ -109,4 +109,4 @@ def test_tool_schema_changes_are_named(runs: dict[str, Path]):
     fewer = json.loads(json.dumps(base))
     dropped = fewer["generation"]["tool_schemas"].pop()["function"]["name"]
     (problem,) = comparability_problems(base, fewer)
-    assert dropped in problem.a and dropped not in problem.b
+    assert dropped in problem.run_a and dropped not in problem.run_b
