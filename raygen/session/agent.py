@@ -103,7 +103,7 @@ class SessionRunner:
 class _SessionState:
     def __init__(self, sample: Sample, runner: SessionRunner):
         self.sample = sample
-        self.r = runner
+        self.runner = runner
         self.tools: list[Tool] = runner.registry.tools_for(sample.toolsets)
         self.offered = {t.name: t for t in self.tools}
         self.schemas = [t.schema() for t in self.tools]
@@ -142,9 +142,9 @@ class _SessionState:
         async with contextlib.AsyncExitStack() as stack:
             ctx = ToolContext(
                 env=None,  # type: ignore[arg-type]  # set by _ensure_env before any tool runs
-                output_max_chars=self.r.cfg.tool_output_max_chars,
-                default_timeout_s=self.r.cfg.command_timeout_s,
-                max_timeout_s=self.r.cfg.max_command_timeout_s,
+                output_max_chars=self.runner.cfg.tool_output_max_chars,
+                default_timeout_s=self.runner.cfg.command_timeout_s,
+                max_timeout_s=self.runner.cfg.max_command_timeout_s,
             )
             self._stack = stack
             await self._loop(ctx)
@@ -156,11 +156,11 @@ class _SessionState:
     def _env_spec(self, suffix: str = "") -> EnvSpec:
         return EnvSpec(
             session_key=f"{self.sample.sample_key}-a{self.sample.attempt}{suffix}",
-            run_name=self.r.run_name,
+            run_name=self.runner.run_name,
             image=self.sample.row.image,
             cwd=self.sample.row.cwd,
             env=dict(self.sample.row.env),
-            secret_values=self.r.scrubber.values,
+            secret_values=self.runner.scrubber.values,
         )
 
     async def _ensure_env(self, ctx: ToolContext) -> None:
@@ -168,14 +168,14 @@ class _SessionState:
             return
         t = time.monotonic()
         ctx.env = await self._stack.enter_async_context(
-            create_environment(self.r.env_config, self._env_spec())
+            create_environment(self.runner.env_config, self._env_spec())
         )
         self.env_s += time.monotonic() - t
 
     async def _verify(self, ctx: ToolContext) -> None:
         """Grade what the agent left behind with the row's check, if it has one (after the last turn,
         while the agent's environment still exists: ``same`` mode runs in it, ``fresh`` copies from it)."""
-        spec = self.sample.row.verify or self.r.verify_default
+        spec = self.sample.row.verify or self.runner.verify_default
         if spec is None:
             return
         self.artifacts, missing = await collect_artifacts(ctx.env, spec)
@@ -183,9 +183,10 @@ class _SessionState:
             graded = await grade(
                 spec,
                 agent_env=ctx.env,
-                open_fresh=lambda: create_environment(self.r.env_config, self._env_spec("-verify")),
+                open_fresh=lambda: create_environment(self.runner.env_config, self._env_spec("-verify")),
                 artifacts=self.artifacts,
                 missing=missing,
+                messages=self.messages,
             )
         except VerifyError as exc:
             self.verification = exc.verification
@@ -198,21 +199,21 @@ class _SessionState:
         """Fail before any model call if the row's image cannot be had (checked once per image per
         process; pulls are serialized per node)."""
         image = self.sample.row.image
-        config = self.r.env_config
+        config = self.runner.env_config
         problems = await environment_class(config.type).prepare(config, [image])
         name = image or getattr(config, "default_image", None)
         if name and problems.get(name):
             raise SessionFailure("image_unavailable", f"{name}: {problems[name]}")
 
     async def _loop(self, ctx: ToolContext) -> None:
-        for _ in range(self.r.cfg.max_turns):
+        for _ in range(self.runner.cfg.max_turns):
             t = time.monotonic()
             self.api_calls += 1  # before the call: one that fails after its retries was still made
             try:
                 sent = request_messages(
-                    self.messages, self.r.cfg.ephemeral_system_prompt, self.r.sent_prefill
+                    self.messages, self.runner.cfg.ephemeral_system_prompt, self.runner.sent_prefill
                 )
-                completion = await self.r.model.complete(sent, self.schemas)
+                completion = await self.runner.model.complete(sent, self.schemas)
             finally:
                 self.model_s += time.monotonic() - t
             self.usage.prompt_tokens += completion.prompt_tokens
@@ -222,7 +223,7 @@ class _SessionState:
             self.turns.append(
                 TurnInfo(finish_reason=completion.finish_reason, provider=completion.extra.get("provider"))
             )
-            size, limit = reply_chars(message), self.r.cfg.max_reply_chars
+            size, limit = reply_chars(message), self.runner.cfg.max_reply_chars
             if size > limit:
                 self.messages.append(cut_reply(message, size))  # its head, so the record shows what came
                 raise SessionFailure("reply_too_large", f"reply of {size} characters, over {limit}")
@@ -333,9 +334,9 @@ class _SessionState:
                 tools_s=round(self.tools_s, 4),
                 env_setup_s=round(self.env_s, 4),
             ),
-            model=self.r.model.name,
+            model=self.runner.model.name,
             env=self.env_info,
-            config_fingerprint=self.r.config_fingerprint,
+            config_fingerprint=self.runner.config_fingerprint,
             safety_labels=self.safety_labels,
             safety_rules_version=rules_version(),
             group_id=self.sample.group_id,
@@ -345,7 +346,7 @@ class _SessionState:
             artifacts=self.artifacts,
             turns=self.turns,
         )
-        return capped_record(self.scrubber.scrub_record(record), self.r.cfg.max_record_bytes)
+        return capped_record(self.scrubber.scrub_record(record), self.runner.cfg.max_record_bytes)
 
 
 def _iso(ts: float) -> str:
