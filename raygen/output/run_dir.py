@@ -195,8 +195,7 @@ class RunDir:
             os.replace(local_file, self.path(name))
             fsync_dir(self.local_path)
             return
-        with open(local_file, "rb") as fh:
-            self.storage.put(self.path(name), iter(lambda: fh.read(1 << 22), b""))
+        self.storage.put_file(self.path(name), local_file)
         local_file.unlink()
 
     def delete(self, name: str) -> None:

@@ -114,12 +114,16 @@ class ShardWriter:
         with self._lock:
             if not self._lines:
                 return None
-            lines, self._lines, self._first_at = self._lines, [], None
             while True:
                 path = self.run_dir.path(SHARDS_DIR, f"{self.writer_id}-{self._seq:06d}{SHARD_SUFFIX}")
+                # Never overwrite, even a previous process's file. Checked before the buffer is taken:
+                # if the storage cannot be read the records stay buffered.
+                if not self.run_dir.storage.exists(path):
+                    break
                 self._seq += 1
-                if not self.run_dir.storage.exists(path):  # never overwrite, even a previous process's file
-                    return lines, path
+            self._seq += 1
+            lines, self._lines, self._first_at = self._lines, [], None
+            return lines, path
 
     def _give_back(self, lines: list[str]) -> None:
         with self._lock:
@@ -162,7 +166,6 @@ class ShardWriter:
         self._closed = True
 
 
-
 class RollingShardWriter(ShardWriter):
     """A ``ShardWriter`` whose flushes rewrite the current shard, with the new lines added, until it holds
     ``max_records``: records can be made durable every fraction of a second without leaving a file per
@@ -197,6 +200,7 @@ class RollingShardWriter(ShardWriter):
         full = len(lines) >= self.max_records
         self._open_lines, self._open_path = ([], None) if full else (lines, path)
         return written
+
 
 @dataclass
 class ShardScanStats:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +23,12 @@ from typing import IO, Any
 
 from raygen.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 OBJECT_STORE_SCHEMES = ("s3", "gs", "gcs")
 TMP_SUFFIX = ".tmp"
+WRITE_RETRY_S = 60.0
+"""How long an object-store write keeps retrying while the store is unreachable."""
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
@@ -98,6 +104,10 @@ class Storage:
     """The operations a run folder needs; paths are storage paths (``str``)."""
 
     local = False
+    retry_s = 0.0
+
+    def check(self, root: str) -> None:
+        """``ConfigError`` when the storage holding ``root`` cannot be used at all (checked once, early)."""
 
     def join(self, *parts: str) -> str:
         return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts) if p)
@@ -122,6 +132,10 @@ class Storage:
 
     def put(self, path: str, chunks: Iterable[bytes]) -> None:
         """Write a whole file atomically: readers see it complete or not at all."""
+        raise NotImplementedError
+
+    def put_file(self, path: str, local_file: Path) -> None:
+        """``put`` the content of a local file."""
         raise NotImplementedError
 
     def delete(self, path: str) -> None:
@@ -182,6 +196,8 @@ class LocalStorage(Storage):
 
 
 _WHOLE_OBJECT_BYTES = 8 << 20
+# Errors no wait can fix (a deleted or misspelt bucket, refused credentials): reported at once.
+_PERMANENT = re.compile(r"NO_SUCH_BUCKET|ACCESS_DENIED|INVALID_ACCESS_KEY|SIGNATURE_DOES_NOT_MATCH", re.I)
 
 
 class _RawArrowStream(io.RawIOBase):
@@ -209,6 +225,16 @@ class ObjectStorage(Storage):
     def __init__(self, fs: Any, uri: str):
         self.fs = fs
         self.uri = uri
+        self.retry_s = WRITE_RETRY_S
+
+    def check(self, root: str) -> None:
+        import pyarrow.fs as pafs
+
+        bucket = root.split("/", 1)[0]
+        if self._call("read", bucket, self.fs.get_file_info, bucket).type == pafs.FileType.NotFound:
+            raise ConfigError(
+                f"{self.uri}: bucket {bucket!r} does not exist (or these credentials cannot see it)"
+            )
 
     def _call(self, what: str, path: str, fn: Any, *args: Any) -> Any:
         try:
@@ -257,12 +283,35 @@ class ObjectStorage(Storage):
             return io.BytesIO(self._call("read", path, handle.readall))
 
     def put(self, path: str, chunks: Iterable[bytes]) -> None:
-        def write() -> None:
-            with self.fs.open_output_stream(path) as out:
-                for chunk in chunks:
-                    out.write(chunk)
+        data = b"".join(chunks)
+        self._retrying(path, lambda: [data])
 
-        self._call("write", path, write)
+    def put_file(self, path: str, local_file: Path) -> None:
+        def chunks() -> Iterable[bytes]:
+            with open(local_file, "rb") as fh:
+                yield from iter(lambda: fh.read(1 << 22), b"")
+
+        self._retrying(path, chunks)
+
+    def _retrying(self, path: str, chunks: Any) -> None:
+        # A put of a whole object can be repeated safely, so an unreachable store is waited for (with
+        # backoff, up to retry_s): the records being written stay in memory meanwhile.
+        deadline = time.monotonic() + self.retry_s
+        delay = 0.5
+        while True:
+            try:
+                return self._call("write", path, self._write_object, path, chunks())
+            except StorageError as exc:
+                if _PERMANENT.search(str(exc)) or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("%s; retrying for up to %.0f s", exc, deadline - time.monotonic())
+                time.sleep(delay)
+                delay = min(delay * 2, 8.0)
+
+    def _write_object(self, path: str, chunks: Iterable[bytes]) -> None:
+        with self.fs.open_output_stream(path) as out:
+            for chunk in chunks:
+                out.write(chunk)
 
     def delete(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -272,8 +321,7 @@ class ObjectStorage(Storage):
         # New files first, then the stale ones go: a reader may briefly see both, never neither.
         names = sorted(p.name for p in local_dir.iterdir() if p.is_file())
         for name in names:
-            with open(local_dir / name, "rb") as fh:
-                self.put(self.join(directory, name), iter(lambda fh=fh: fh.read(1 << 22), b""))
+            self.put_file(self.join(directory, name), local_dir / name)
         for entry in self.list(directory):
             if entry.name not in names:
                 self.delete(entry.path)
