@@ -265,6 +265,9 @@ class LocalEnvConfig(_Section):
     bwrap: bool = False
     """Confine each session with bubblewrap: system folders read-only, only its workdir writable, private
     HOME and /tmp, no network, its own PID namespace (docs/backends.md lists what is mounted)."""
+    bwrap_ro_binds: list[str] = Field(default_factory=list)
+    """Further host paths shown read-only inside the bwrap sandbox (e.g. a toolchain under ``/opt``);
+    the defaults are only the system folders and a list of harmless ``/etc`` entries."""
     subreaper: bool = True
     """Without bwrap, run each command under a child subreaper so that whatever it detaches (``setsid``,
     ``nohup``, double forks) still ends with the session; costs one short Python start (~10 ms) a command."""
@@ -545,7 +548,7 @@ class GovernorConfig(_Section):
         return self.adaptive if self.adaptive is not None else self.rpm is None
 
     def limits_anything(self) -> bool:
-        """False when there is nothing to govern (no limit and adaptive off): callers use ``NoGate``."""
+        """False when there is nothing to govern (no limit and adaptive off): callers use ``OpenGate``."""
         return self.resolved_adaptive() or any(
             v is not None for v in (self.rpm, self.tpm, self.max_in_flight)
         )

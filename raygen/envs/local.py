@@ -30,6 +30,7 @@ from pathlib import Path
 
 from raygen.config import LocalEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult
+from raygen.envs.bwrap import readable, sandbox_argv
 from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.host import looks_secret, remove_tree
 from raygen.envs.processes import (
@@ -180,19 +181,13 @@ class LocalEnvironment(Environment):
             if self.config.subreaper:
                 return [sys.executable, "-I", "-S", SUBREAPER, "bash", "-c", command]
             return ["bash", "-c", command]
-        workdir = str(self.workdir)
-        # Order matters: later mounts win, so the workdir stays visible even when it lives under /tmp.
+        extra = tuple(self.config.bwrap_ro_binds)
         return [
-            self._bwrap,
-            "--ro-bind", "/", "/",
-            "--dev", "/dev",
-            "--proc", "/proc",
-            "--bind", f"{workdir}/tmp", "/tmp",
-            "--bind", workdir, workdir,
-            *BWRAP_FLAGS,
-            "--chdir", str(cwd),
-            "--", "bash", "-c", command,
-        ]  # fmt: skip
+            *sandbox_argv(self._bwrap, str(self.workdir), str(cwd), BWRAP_FLAGS, extra),
+            "bash",
+            "-c",
+            command,
+        ]
 
     async def exec(self, command: str, timeout_s: float, max_output_chars: int) -> ExecResult:
         cwd = self._require_open()
@@ -232,13 +227,24 @@ class LocalEnvironment(Environment):
         cwd = self._require_open()
         target = cwd / path  # an absolute path replaces cwd
         if not self._bwrap:
+            # /proc/self here is the worker, not the session (a command's /proc/self is itself).
+            if target.resolve().is_relative_to(f"/proc/{os.getpid()}"):
+                raise PermissionError(errno.EACCES, "the worker's own /proc entry", path)
             return target
+        # File tools see what a command in the sandbox sees: the workdir (writable), /tmp as the
+        # workdir's tmp/, and only the read-only mounts of raygen.envs.bwrap; never /proc or the rest of
+        # the host. Symlinks are resolved first, so a link planted in the workdir cannot point out.
         workdir = self.workdir
         if not target.is_relative_to(workdir) and target.is_relative_to("/tmp"):
             target = workdir / "tmp" / target.relative_to("/tmp")
-        if for_write and not target.resolve().is_relative_to(workdir):
+        resolved = target.resolve()
+        if resolved.is_relative_to(workdir):
+            return resolved
+        if for_write:
             raise PermissionError(errno.EROFS, "read-only outside the session workdir (bwrap)", path)
-        return target
+        if not readable(resolved, tuple(self.config.bwrap_ro_binds)):
+            raise FileNotFoundError(errno.ENOENT, "not in the sandbox (bwrap)", path)
+        return resolved
 
     async def read_file(self, path: str) -> bytes:
         return await asyncio.to_thread(read_regular_file, self._host_path(path, for_write=False))
