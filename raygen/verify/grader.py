@@ -22,11 +22,13 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 from raygen.envs.base import Environment, ExecResult
 from raygen.errors import SessionFailure
 from raygen.records import Artifact, Verification
 from raygen.tools.base import cap_text
+from raygen.verify.python import PythonCheck, PythonCheckError, run_python_check
 from raygen.verify.spec import MAX_ARTIFACT_BYTES, VerifySpec
 
 OUTPUT_MAX_CHARS = 4000
@@ -98,6 +100,7 @@ async def grade(
     open_fresh: OpenEnvironment,
     artifacts: list[Artifact] | None = None,
     missing: list[str] | None = None,
+    messages: list[dict[str, Any]] | None = None,
 ) -> Graded:
     """Run the check. ``artifacts``/``missing`` default to what ``agent_env`` holds (``rescore`` passes
     the stored ones and no agent environment). ``same`` mode without an agent environment (the agent
@@ -109,12 +112,10 @@ async def grade(
     verification = Verification(mode=mode, missing_artifacts=list(missing or ()))
     try:
         if mode == "same" and agent_env is not None:
-            result = await _stage_and_run(agent_env, spec, [])
-            reward = await _reward(agent_env, spec, result)
+            result, reward = await _check(agent_env, spec, [], messages or [])
         else:
             async with open_fresh() as env:
-                result = await _stage_and_run(env, spec, artifacts)
-                reward = await _reward(env, spec, result)
+                result, reward = await _check(env, spec, artifacts, messages or [])
     except _CheckFailed as exc:
         verification.exit_code = exc.result.exit_code if exc.result else None
         verification.output = _output(exc.result) if exc.result else ""
@@ -138,7 +139,21 @@ class _CheckFailed(Exception):
         self.message, self.result = message, result
 
 
-async def _stage_and_run(env: Environment, spec: VerifySpec, artifacts: list[Artifact]) -> ExecResult:
+async def _check(
+    env: Environment, spec: VerifySpec, artifacts: list[Artifact], messages: list[dict[str, Any]]
+) -> tuple[ExecResult, float]:
+    await _stage(env, spec, artifacts)
+    if spec.python is not None:
+        try:
+            reward = await run_python_check(spec, PythonCheck(env=env, messages=messages, spec=spec))
+        except PythonCheckError as exc:
+            raise _CheckFailed(str(exc)) from None
+        return ExecResult(exit_code=0, stdout="", stderr=""), reward
+    result = await _run(env, spec)
+    return result, await _reward(env, spec, result)
+
+
+async def _stage(env: Environment, spec: VerifySpec, artifacts: list[Artifact]) -> None:
     for artifact in artifacts:
         await env.write_file(artifact.path, decode_artifact(artifact))
     # Hidden files last, so they overwrite anything of the same name the agent left behind.
@@ -147,7 +162,10 @@ async def _stage_and_run(env: Environment, spec: VerifySpec, artifacts: list[Art
     if spec.result == "reward_file":
         # A reward file the agent wrote must not count: only the command may produce it.
         await env.exec(f"rm -f -- {_quote(spec.reward_file)}", 30, 1000)
-    result = await env.exec(spec.command, spec.timeout_s, _EXEC_MAX_CHARS)
+
+
+async def _run(env: Environment, spec: VerifySpec) -> ExecResult:
+    result = await env.exec(str(spec.command), spec.timeout_s, _EXEC_MAX_CHARS)
     if result.timed_out:
         raise _CheckFailed(f"the check timed out after {spec.timeout_s:g} s", result)
     return result
@@ -170,7 +188,7 @@ async def _reward(env: Environment, spec: VerifySpec, result: ExecResult) -> flo
     except (FileNotFoundError, IsADirectoryError):
         raise _CheckFailed(f"the check wrote no reward file {spec.reward_file}", result) from None
     text = raw.decode("utf-8", errors="replace")
-    if spec.reward_file.endswith(".json"):
+    if spec.reward_file.endswith(".json") or text.lstrip().startswith("{"):
         try:
             value = json.loads(text)
         except ValueError:

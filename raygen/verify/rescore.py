@@ -134,6 +134,7 @@ async def regrade(
             open_fresh=lambda: create_environment(env_config, env_spec),
             artifacts=artifacts,
             missing=missing,
+            messages=record.messages,
         )
     except VerifyError as exc:
         exc.verification.session_status = session_status

@@ -13,6 +13,7 @@ backend an absolute path would be a host path, and a staged file must never land
 from __future__ import annotations
 
 import posixpath
+import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
@@ -41,8 +42,12 @@ class VerifySpec(BaseModel):
 
     files: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     """Hidden files (relative path -> text) written only at grading time, over whatever is there."""
-    command: StrictStr
-    """Shell command run in the working directory of the grading environment."""
+    command: StrictStr | None = None
+    """Shell command run in the working directory of the grading environment (or set ``python``)."""
+    python: StrictStr | None = None
+    """A Python verifier ``module:function`` instead of ``command``: called as ``await function(check)``
+    with a ``raygen.verify.python.PythonCheck`` (the grading environment, the conversation, the spec) after
+    the files are staged; returns a reward in [0, 1] or a bool (a plain function works too)."""
     timeout_s: float = Field(60.0, gt=0, le=24 * 3600)
     """Seconds the command may run; past it the check is a ``verify_error``, never a reward of 0."""
     result: ResultKind = "exit_code"
@@ -62,9 +67,16 @@ class VerifySpec(BaseModel):
 
     @field_validator("command")
     @classmethod
-    def _command_not_empty(cls, v: str) -> str:
-        if not v.strip():
+    def _command_not_empty(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
             raise ValueError("command is empty")
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _import_path(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[\w.]+:\w+", v):
+            raise ValueError(f"{v!r} is not an import path module:function")
         return v
 
     @field_validator("files")
@@ -78,7 +90,9 @@ class VerifySpec(BaseModel):
         return check_relative_path(v)
 
     @model_validator(mode="after")
-    def _staged_are_not_artifacts(self) -> VerifySpec:
+    def _consistent(self) -> VerifySpec:
+        if (self.command is None) == (self.python is None):
+            raise ValueError("set one of command (a shell command) or python (module:function)")
         # An artifact that is also a hidden file would let the agent's copy stand in for the test.
         clash = sorted(set(self.files) & set(self.artifacts))
         if clash:

@@ -35,7 +35,7 @@ def test_bad_verify_fields_are_named_with_file_and_line(tmp_path):
     assert str(report.problems[0]).startswith(f"{path}:1: verify.timeout_s: ")
     assert "greater than 0" in found[(1, "verify.timeout_s")]
     assert "relative path" in found[(2, "verify.files")]
-    assert found[(3, "verify.command")] == "missing (required)"
+    assert "set one of command" in found[(3, "verify")]
     assert "'exit_code', 'reward_file' or 'last_line'" in found[(4, "verify.result")]
     assert "relative path" in found[(5, "verify.artifacts[0]")]
     assert "both a hidden file and an artifact" in found[(6, "verify")]
