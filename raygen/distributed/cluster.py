@@ -33,6 +33,16 @@ RAY_ENV_DEFAULTS = {
 }
 
 
+RAY_DATA_ACTOR_NOTE = (
+    "note: Ray logs one core_worker.cc error about actor constructor arguments in the object store: Ray "
+    "Data passes its map function to session actors that way and holds it for the whole run, so a "
+    "restarted actor still finds it (ray-project/ray#53727)"
+)
+"""The one start-up line raygen cannot avoid, and why it is harmless: Ray Data always puts an actor pool's
+map function and context in the object store and lets its actors restart, which Ray's core worker reports
+once per process (at ERROR level, from C++, so no Python logger setting reaches it)."""
+
+
 def ensure_ray(address: str | None, *, num_cpus: int | None = None) -> bool:
     """Connect to ``address`` or start a private local Ray. Returns True if this call started Ray
     (the caller then shuts it down)."""
