@@ -452,6 +452,10 @@ class OutputConfig(_Section):
     can cost beyond the sessions in flight (docs/resume.md)."""
     data_shard_records: int = Field(10_000, ge=1)
     """Records per merged ``data/`` shard (Parquet and JSONL)."""
+    storage_retry_s: float = Field(60.0, ge=0)
+    """Object stores: how long a write keeps retrying (with backoff) while the store is unreachable, the
+    records waiting in memory; then the run stops with a one-line error and ``--resume`` continues it.
+    A missing bucket or refused credentials fail at once."""
     format: Literal["raygen", "hermes"] = "raygen"
     """``hermes`` also writes the kept sessions to ``RUN_DIR/trajectories.jsonl`` in the format of Hermes
     Agent's ``batch_runner.py``, and adds its keys to ``statistics.json``, so a pipeline reading that runner's

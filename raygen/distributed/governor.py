@@ -1,8 +1,8 @@
 """The cluster-wide rate governor: a named Ray actor per (base URL, model, key fingerprint).
 
-The actor (``GovernorService``) wraps ``raygen.distributed.limiter.RateLimiter``; all decisions are made
-there. Each worker process talks to it through one ``GovernorGate`` (raygen.distributed.governor_gate),
-which ``make_gate`` builds.
+The actor (``GovernorService``) wraps ``raygen.distributed.governor_policy.GovernorPolicy``; all decisions
+are made there. Each worker process talks to it through one ``GovernorClient``
+(raygen.distributed.governor_client), which ``gate_for`` builds.
 
 Callers should acquire a permit *before* creating anything expensive for the request (connections,
 sandboxes, large prompts) where they can, so that waiting work holds no resources.
@@ -18,19 +18,19 @@ from typing import Any
 import ray
 
 from raygen.config import GovernorConfig
-from raygen.distributed.governor_gate import REPORT_INTERVAL_S, GovernorGate
+from raygen.distributed.governor_client import REPORT_INTERVAL_S, GovernorClient
+from raygen.distributed.governor_policy import GovernorPolicy
 from raygen.distributed.leases import Lease, UsageReport
-from raygen.distributed.limiter import RateLimiter
-from raygen.model.gate import NoGate, RateGate
+from raygen.model.gate import OpenGate, RateGate
 
 __all__ = [
-    "GovernorGate",
+    "GovernorClient",
     "GovernorService",
-    "NoGate",
+    "OpenGate",
+    "gate_for",
     "get_or_create_governor",
     "governor_name",
     "key_fingerprint",
-    "make_gate",
 ]
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class GovernorService:
 
     def __init__(self, config: GovernorConfig | dict, clock: Any = None):
         self._config = GovernorConfig.model_validate(config)
-        self._limiter = RateLimiter(self._config) if clock is None else RateLimiter(self._config, clock)
+        self._policy = GovernorPolicy(self._config) if clock is None else GovernorPolicy(self._config, clock)
         self._queue = asyncio.Lock()  # asyncio.Lock is FIFO: workers are served in arrival order
         self._linger_s = self._config.burst_s / 2  # a batch never spans more than half the burst window
         self.remote_calls = 0
@@ -74,15 +74,15 @@ class GovernorService:
         self.remote_calls += 1
         loop = asyncio.get_running_loop()
         if report is not None:
-            self._limiter.report(holder, report)
+            self._policy.report(holder, report)
         if want_requests <= 0:
-            return self._limiter.report(holder, UsageReport())
+            return self._policy.report(holder, UsageReport())
         async with self._queue:
             start = loop.time()  # lingering counts from this worker's turn, not from its arrival
             while True:
                 elapsed = loop.time() - start
                 lingering = elapsed < self._linger_s
-                granted = self._limiter.lease(
+                granted = self._policy.lease(
                     holder, want_requests, want_tokens, min_requests=want_requests if lingering else 1
                 )
                 if granted.requests or granted.pause_s > 0 or elapsed >= _MAX_SERVER_WAIT_S:
@@ -94,15 +94,15 @@ class GovernorService:
     async def report(self, holder: str, report: UsageReport) -> Lease:
         """Apply a worker's batched deltas; the reply carries the current epoch and any pause."""
         self.remote_calls += 1
-        return self._limiter.report(holder, report)
+        return self._policy.report(holder, report)
 
     async def snapshot(self) -> dict:
         """Targets, achieved rates (last 10 s), in flight, 429s, total wait, remote calls received."""
-        return {**self._limiter.snapshot(), "remote_calls": self.remote_calls}
+        return {**self._policy.snapshot(), "remote_calls": self.remote_calls}
 
     async def history(self) -> list[dict]:
         """Bounded target/achieved-rate samples (about one a second) for statistics."""
-        return self._limiter.history()
+        return self._policy.history()
 
     async def config(self) -> dict:
         """The configuration this governor was created with (the first creator's wins)."""
@@ -116,7 +116,7 @@ def get_or_create_governor(
     name afterwards), or None when the config limits nothing. Needs ``ray.init`` first. The actor uses no
     CPU reservation. Ray ties a non-detached actor to the process that created it, so call this from the
     driver before starting workers: the governor then lives exactly as long as the job. (Gates made by
-    ``make_gate`` re-resolve the name if the governor dies, e.g. with a worker that created it.)"""
+    ``gate_for`` re-resolve the name if the governor dies, e.g. with a worker that created it.)"""
     if not config.limits_anything():
         return None
     global _ACTOR_CLASS  # one Ray class per process; re-wrapping the class on every call is wasteful
@@ -132,14 +132,14 @@ def get_or_create_governor(
 
 
 _ACTOR_CLASS: Any = None
-_GATES: dict[str, GovernorGate] = {}
+_GATES: dict[str, GovernorClient] = {}
 
 
-def make_gate(config: GovernorConfig, base_url: str | None, model: str, api_key: str | None) -> RateGate:
-    """The rate gate a model client should use: ``NoGate`` when nothing is limited, else this process's
-    ``GovernorGate`` for the endpoint (one per process, shared by every session in it)."""
+def gate_for(config: GovernorConfig, base_url: str | None, model: str, api_key: str | None) -> RateGate:
+    """The rate gate a model client should use: ``OpenGate`` when nothing is limited, else this process's
+    ``GovernorClient`` for the endpoint (one per process, shared by every session in it)."""
     if not config.limits_anything():
-        return NoGate()
+        return OpenGate()
     name = governor_name(base_url, model, api_key)
     gate = _GATES.get(name)
     if gate is None or gate.closed:
@@ -148,7 +148,7 @@ def make_gate(config: GovernorConfig, base_url: str | None, model: str, api_key:
             return get_or_create_governor(config, base_url, model, api_key)
 
         capped = config.max_in_flight is not None
-        gate = _GATES[name] = GovernorGate(
+        gate = _GATES[name] = GovernorClient(
             resolve(),
             lease_size=config.lease_size,
             max_pause_s=config.max_pause_s,

@@ -1,4 +1,4 @@
-"""The worker side of the rate governor: ``GovernorGate``, one per worker process and event loop.
+"""The worker side of the rate governor: ``GovernorClient``, one per worker process and event loop.
 
 It implements ``raygen.model.gate.RateGate`` for every session in the process: permits come from small
 leases taken from the cluster's ``GovernorService`` (raygen.distributed.governor), and usage goes back in
@@ -92,7 +92,7 @@ class _Waiter:
     since: float
 
 
-class GovernorGate:
+class GovernorClient:
     """``RateGate`` backed by a governor: one per worker process and event loop, shared by its sessions.
 
     Permits come from local leases; when callers wait (or the last slot goes) one refill is in flight at a
@@ -150,7 +150,7 @@ class GovernorGate:
         ``release``. Cancelling the wait gives the slot back."""
         loop = self._bind()
         if self._closed:
-            raise RuntimeError("GovernorGate is closed")
+            raise RuntimeError("GovernorClient is closed")
         now = loop.time()
         est = max(0, int(est_tokens))
         self._recent.append(now)
@@ -239,7 +239,7 @@ class GovernorGate:
         self._closed = True
         for waiter in self._waiters:
             if not waiter.future.done():
-                waiter.future.set_exception(RuntimeError("GovernorGate closed"))
+                waiter.future.set_exception(RuntimeError("GovernorClient closed"))
         self._waiters.clear()
         self._return_slots(lambda lease: True)
         if self._refill is not None:
@@ -258,7 +258,7 @@ class GovernorGate:
         if self._loop is None:
             self._loop = loop
         elif self._loop is not loop:
-            raise RuntimeError("a GovernorGate serves one event loop; make one per loop")
+            raise RuntimeError("a GovernorClient serves one event loop; make one per loop")
         return loop
 
     def _dispatch(self) -> None:

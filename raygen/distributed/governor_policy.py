@@ -1,6 +1,6 @@
 """The arithmetic of the cluster-wide rate governor: pure Python, no Ray, no asyncio, injectable clock.
 
-``RateLimiter`` holds the state of one governor (raygen.distributed.governor wraps it in a Ray actor):
+``GovernorPolicy`` holds the state of one governor (raygen.distributed.governor wraps it in a Ray actor):
 
 - two token buckets (requests, tokens) refilled at the current target rate, holding at most ``burst_s``
   seconds' worth, so a minute's budget never goes out at once;
@@ -136,7 +136,7 @@ class _History:
     next_at: float = 0.0
 
 
-class RateLimiter:
+class GovernorPolicy:
     """All governor decisions for one (endpoint, model, key). Not thread-safe; the actor serialises calls."""
 
     def __init__(
@@ -310,7 +310,7 @@ class RateLimiter:
 
     def history(self) -> list[dict]:
         """Bounded samples ``{t, target_rpm, target_tpm, achieved_rpm, in_flight, rate_limited}`` (``t`` in
-        seconds since the limiter started; ``rate_limited`` cumulative)."""
+        seconds since the policy started; ``rate_limited`` cumulative)."""
         self._advance()
         return list(self._history.samples)
 

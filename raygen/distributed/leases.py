@@ -1,4 +1,4 @@
-"""The messages between a worker's ``GovernorGate`` and the cluster's governor (picklable dataclasses).
+"""The messages between a worker's ``GovernorClient`` and the cluster's governor (picklable dataclasses).
 
 Workers do not ask per request: they take *leases* (a few request slots, each charged an estimated number
 of tokens) and send back batched ``UsageReport`` deltas. Deltas commute, so reports and lease calls of one
@@ -17,7 +17,7 @@ class Lease:
     requests: int = 0
     tokens_per_request: float = 0.0
     epoch: int = 0
-    """The limiter's cut counter when granted; 429s of older epochs do not cut again."""
+    """The policy's cut counter when granted; 429s of older epochs do not cut again."""
     ttl_s: float = 0.0
     """Unused slots must be returned after this many seconds."""
     pause_s: float = 0.0

@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from raygen.distributed.governor import make_gate
+from raygen.distributed.governor import gate_for
 from raygen.distributed.plan import WorkerPlan
 from raygen.input.rows import Sample
 from raygen.model import create_model
@@ -35,7 +35,7 @@ class SessionWorker:
         self.node = ray.get_runtime_context().get_node_id()
         api_key = plan.api_key.get_secret_value()
         # One gate per process, leasing capacity from the cluster-wide governor the driver created.
-        gate = make_gate(cfg.governor, plan.base_url, cfg.model.model, api_key)
+        gate = gate_for(cfg.governor, plan.base_url, cfg.model.model, api_key)
         self.model = create_model(
             plan.model_config(),
             sampling=cfg.sampling,

@@ -2,7 +2,7 @@
 
 Every HTTP request to the provider is bracketed by ``permit = await gate.acquire(est_tokens)`` and
 ``gate.release(permit, ...)``. The governor (raygen.distributed.governor) implements it with leases
-from a Ray actor; ``NoGate`` is used when no limits are configured and in Ray-free tests.
+from a Ray actor; ``OpenGate`` is used when no limits are configured and in Ray-free tests.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class RateGate(Protocol):
         ...
 
 
-class NoGate:
+class OpenGate:
     """Admits everything at once."""
 
     async def acquire(self, est_tokens: int) -> None:

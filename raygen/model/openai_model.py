@@ -17,7 +17,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from raygen.config import ChatAPIModelConfig, SamplingConfig
 from raygen.errors import SessionFailure
 from raygen.model.base import ChatModel, Completion, request_seed
-from raygen.model.gate import NoGate, RateGate
+from raygen.model.gate import OpenGate, RateGate
 from raygen.model.provider_options import request_options
 from raygen.model.streaming import StreamStalled, assemble
 
@@ -83,7 +83,7 @@ class OpenAIChatModel(ChatModel):
         self.stream = provider is not None and provider.stream
         self.config = config
         self.sampling = sampling
-        self.gate = gate or NoGate()
+        self.gate = gate or OpenGate()
         # aiohttp transport: the default httpx pool walks every pooled connection on each request,
         # which dominates CPU at thousands of concurrent sessions (bench/README.md, findings).
         self.client = openai.AsyncOpenAI(

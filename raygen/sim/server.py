@@ -183,7 +183,9 @@ class SimServer:
         self.reset()
         return web.json_response({"ok": True})
 
-    def _record(self, status: int, body: dict[str, Any], decision: dict | None, calls: list[str]) -> None:
+    def _record(
+        self, status: int, body: dict[str, Any], decision: dict | None, calls: list[str], tokens: int = 0
+    ) -> None:
         counts = self.stats.counts
         if status == 200:
             counts["ok"] += 1
@@ -206,6 +208,7 @@ class SimServer:
                 "status": status,
                 "decision": decision,
                 "tool_calls": calls,
+                "tokens": tokens,
                 # What the client asked for besides the conversation, and the conversation's shape, so
                 # tests can see what was sent (streaming, reasoning, routing, prefill, system prompt).
                 "options": {k: body[k] for k in _LOGGED_OPTIONS if k in body},
@@ -273,7 +276,7 @@ class SimServer:
         self.stats.prompt_tokens += reply.prompt_tokens
         self.stats.completion_tokens += reply.completion_tokens
         calls = [tc["function"]["name"] for tc in reply.message.get("tool_calls", ())]
-        self._record(200, body, reply.decision, calls)
+        self._record(200, body, reply.decision, calls, reply.prompt_tokens + reply.completion_tokens)
         payload = {
             "id": f"chatcmpl-{secrets.token_hex(12)}",
             "object": "chat.completion",

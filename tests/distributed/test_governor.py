@@ -1,4 +1,4 @@
-"""GovernorGate against the governor: in-process (no Ray) and across Ray actors sharing one named governor.
+"""GovernorClient against the governor: in-process (no Ray) and across Ray actors sharing one named governor.
 
 The Ray tests start a local Ray on loopback; run them in a loopback-only network namespace:
 ``unshare -n bash -c 'ip link set lo up; . .venv/bin/activate; pytest tests/distributed/test_gov*'``
@@ -18,23 +18,23 @@ import pytest
 
 from raygen.config import GovernorConfig
 from raygen.distributed.governor import (
-    GovernorGate,
+    GovernorClient,
     GovernorService,
+    gate_for,
     get_or_create_governor,
     governor_name,
     key_fingerprint,
-    make_gate,
 )
-from raygen.model.gate import NoGate
+from raygen.model.gate import OpenGate
 
 # ------------------------------------------------------------------ in-process (no Ray)
 
 
-async def run_load(gates: list[GovernorGate], tasks_per_gate: int, permits: int, hold_s=0.01) -> dict:
+async def run_load(gates: list[GovernorClient], tasks_per_gate: int, permits: int, hold_s=0.01) -> dict:
     """``tasks_per_gate`` callers per gate acquire/release until ``permits`` permits were handed out."""
     state = {"handed": 0, "in_flight": 0, "max_in_flight": 0}
 
-    async def caller(gate: GovernorGate) -> None:
+    async def caller(gate: GovernorClient) -> None:
         while state["handed"] < permits:
             permit = await gate.acquire(100)
             state["handed"] += 1
@@ -50,7 +50,7 @@ async def run_load(gates: list[GovernorGate], tasks_per_gate: int, permits: int,
 
 async def test_gate_batches_remote_calls_under_load():
     service = GovernorService(GovernorConfig(rpm=6000))
-    gate = GovernorGate(service, lease_size=8)
+    gate = GovernorClient(service, lease_size=8)
     state = await run_load([gate], tasks_per_gate=30, permits=200)
     await gate.aclose()
     calls_per_request = gate.stats["remote_calls"] / gate.stats["permits"]
@@ -63,7 +63,7 @@ async def test_gate_batches_remote_calls_under_load():
 
 async def test_in_flight_cap_holds_across_gates():
     service = GovernorService(GovernorConfig(max_in_flight=3, adaptive=False))
-    gates = [GovernorGate(service, lookahead=False, report_interval_s=0.02) for _ in range(2)]
+    gates = [GovernorClient(service, lookahead=False, report_interval_s=0.02) for _ in range(2)]
     state = await run_load(gates, tasks_per_gate=5, permits=40, hold_s=0.02)
     for gate in gates:
         await gate.aclose()
@@ -73,7 +73,7 @@ async def test_in_flight_cap_holds_across_gates():
 
 async def test_cancelled_wait_gives_the_slot_back():
     service = GovernorService(GovernorConfig(max_in_flight=1, adaptive=False))
-    gate = GovernorGate(service, lookahead=False, report_interval_s=0.02)
+    gate = GovernorClient(service, lookahead=False, report_interval_s=0.02)
     first = await gate.acquire(10)
     waiting = asyncio.ensure_future(gate.acquire(10))
     await asyncio.sleep(0.05)
@@ -90,7 +90,7 @@ async def test_cancelled_wait_gives_the_slot_back():
 
 async def test_unused_leased_slots_expire_and_go_back():
     service = GovernorService(GovernorConfig(rpm=6000, lease_ttl_s=0.2))
-    gate = GovernorGate(service, lease_size=8, report_interval_s=0.05)
+    gate = GovernorClient(service, lease_size=8, report_interval_s=0.05)
     for _ in range(6):  # a burst of demand makes the gate lease ahead
         gate.release(await gate.acquire(10), status=200)
     await asyncio.sleep(0.6)
@@ -103,7 +103,7 @@ async def test_unused_leased_slots_expire_and_go_back():
 
 async def test_a_429_pauses_the_other_gate_and_cuts_the_target():
     service = GovernorService(GovernorConfig(initial_rpm=6000, max_rpm=6000, adaptive=True))
-    a, b = GovernorGate(service, lookahead=False), GovernorGate(service, lookahead=False)
+    a, b = GovernorClient(service, lookahead=False), GovernorClient(service, lookahead=False)
     permit = await a.acquire(10)
     a.release(permit, status=429, retry_after_s=1.0)
     await a.flush()
@@ -120,7 +120,7 @@ async def test_a_429_pauses_the_other_gate_and_cuts_the_target():
 
 async def test_exhausted_window_headers_pause_only_after_a_429():
     service = GovernorService(GovernorConfig(initial_rpm=6000, max_rpm=6000, adaptive=True))
-    gate = GovernorGate(service, lookahead=False)
+    gate = GovernorClient(service, lookahead=False)
     last_of_window = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "2s"}
     gate.release(await gate.acquire(10), status=200, headers=last_of_window)
     await gate.flush()
@@ -133,7 +133,7 @@ async def test_exhausted_window_headers_pause_only_after_a_429():
 
 async def test_server_errors_do_not_cut_and_usage_is_reconciled():
     service = GovernorService(GovernorConfig(initial_rpm=600, tpm=600_000, adaptive=True))
-    gate = GovernorGate(service)
+    gate = GovernorClient(service)
     gate.release(await gate.acquire(100), status=503)
     gate.release(await gate.acquire(100), status=None)
     gate.release(await gate.acquire(100), prompt_tokens=250, completion_tokens=50, status=200)
@@ -154,7 +154,7 @@ class _DeadRemote:
 
 
 async def test_an_unreachable_governor_degrades_to_slow_local_admission():
-    gate = GovernorGate(GovernorService(GovernorConfig(rpm=60)))
+    gate = GovernorClient(GovernorService(GovernorConfig(rpm=60)))
     gate._remote = _DeadRemote()  # simulate the actor dying after the gate was made
     permit = await asyncio.wait_for(gate.acquire(10), timeout=10)
     gate.release(permit, status=200)
@@ -169,7 +169,7 @@ def test_names_and_no_gate():
     assert name != governor_name("https://api.example/v1", "m", key + "x")
     assert name != governor_name("https://api.example/v1", "other", key)
     assert key not in name and key not in key_fingerprint(key) and len(key_fingerprint(key)) == 12
-    assert isinstance(make_gate(GovernorConfig(adaptive=False), None, "m", key), NoGate)
+    assert isinstance(gate_for(GovernorConfig(adaptive=False), None, "m", key), OpenGate)
     assert get_or_create_governor(GovernorConfig(adaptive=False), None, "m", key) is None
 
 
@@ -200,7 +200,7 @@ class LoadActor:
     """A stand-in for a session actor: one gate per governor, many concurrent callers."""
 
     def setup(self, config: dict, base_url: str, model: str, api_key: str) -> str:
-        self.gate = make_gate(GovernorConfig(**config), base_url, model, api_key)
+        self.gate = gate_for(GovernorConfig(**config), base_url, model, api_key)
         return get_or_create_governor(GovernorConfig(**config), base_url, model, api_key)._actor_id.hex()
 
     async def run(self, seconds: float, callers: int) -> dict:

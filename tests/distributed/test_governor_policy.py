@@ -1,4 +1,4 @@
-"""RateLimiter arithmetic with a fake clock: pacing, tokens, in-flight cap, AIMD, pauses, convergence."""
+"""GovernorPolicy arithmetic with a fake clock: pacing, tokens, in-flight cap, AIMD, pauses, convergence."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import random
 import pytest
 
 from raygen.config import GovernorConfig, SimConfig
+from raygen.distributed.governor_policy import GovernorPolicy
 from raygen.distributed.leases import UsageReport
-from raygen.distributed.limiter import RateLimiter
 from raygen.sim.limits import RateLimits
 
 
@@ -23,11 +23,11 @@ class FakeClock:
         return self.t
 
 
-def make(clock: FakeClock | None = None, **config) -> tuple[RateLimiter, FakeClock]:
+def make(clock: FakeClock | None = None, **config) -> tuple[GovernorPolicy, FakeClock]:
     clock = clock or FakeClock()
     config.setdefault("adaptive", config.get("rpm") is None)  # the AIMD tests probe for an unknown limit
     config.setdefault("headroom", 1.0)  # exact arithmetic; the default headroom has a test of its own
-    return RateLimiter(GovernorConfig(**config), clock), clock
+    return GovernorPolicy(GovernorConfig(**config), clock), clock
 
 
 def limited(epoch: int, pause_s: float = 0.0) -> UsageReport:
@@ -75,7 +75,7 @@ def test_known_limits_are_paced_with_the_default_headroom():
     assert grants[0] == start
 
 
-def grant_as_the_actor_does(limiter: RateLimiter, clock: FakeClock, seconds: float) -> list[float]:
+def grant_as_the_actor_does(limiter: GovernorPolicy, clock: FakeClock, seconds: float) -> list[float]:
     """Ask for many slots, sleeping the wait hint between asks (as GovernorService.lease does); returns
     the grant time of every slot."""
     grants: list[float] = []
@@ -293,7 +293,7 @@ def test_server_errors_and_timeouts_do_not_cut():
     assert lim.snapshot()["errors"] == 10
 
 
-def drive_busy(lim: RateLimiter, clock: FakeClock, seconds: float, dt: float = 0.05) -> list[float]:
+def drive_busy(lim: GovernorPolicy, clock: FakeClock, seconds: float, dt: float = 0.05) -> list[float]:
     """A demand-unlimited worker for ``seconds`` that asks again after the wait hint (at most ``dt``);
     returns the target after each step."""
     targets = []
@@ -356,7 +356,7 @@ def simulate(config: GovernorConfig, provider: SimConfig, *, job_s: float = 30.0
     rng = random.Random(seed)
     clock = FakeClock(1000.37)  # fixed windows are aligned to the clock: start inside one
     start = clock.t
-    lim = RateLimiter(config, clock)
+    lim = GovernorPolicy(config, clock)
     provider_limits = RateLimits(provider, clock)
     rate = provider.rate_limit_rpm / 60.0
     job = math.ceil(rate * job_s)
@@ -404,7 +404,7 @@ def simulate(config: GovernorConfig, provider: SimConfig, *, job_s: float = 30.0
                 pending[w] = UsageReport()
                 lingering = now - waiting[w][0] < config.burst_s / 2
                 lease = lim.lease(f"w{w}", want, min_requests=want if lingering else 1)
-                for slot in slots[w]:  # slots granted before a cut go back, as GovernorGate does
+                for slot in slots[w]:  # slots granted before a cut go back, as GovernorClient does
                     if slot[1] < lease.epoch:
                         pending[w].returned += slot[0]
                         slot[0] = 0

@@ -8,7 +8,7 @@ import time
 
 from raygen.config import GovernorConfig, OpenAIModelConfig, SamplingConfig
 from raygen.distributed.governor import GovernorService
-from raygen.distributed.governor_gate import GovernorGate
+from raygen.distributed.governor_client import GovernorClient
 from raygen.model.openai_model import OpenAIChatModel
 from tests.hostile_provider import HostileProvider, answer, status
 
@@ -17,7 +17,7 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 
 async def test_an_absurd_retry_after_pauses_the_gate_at_most_max_pause_s():
     config = GovernorConfig(rpm=600, max_pause_s=1.0)
-    gate = GovernorGate(GovernorService(config), max_pause_s=config.max_pause_s)
+    gate = GovernorClient(GovernorService(config), max_pause_s=config.max_pause_s)
     async with HostileProvider([status(503, {"Retry-After": "100000"}), answer("ok")]) as provider:
         model_config = OpenAIModelConfig(base_url=provider.url, max_retries=2, retry_max_wait_s=0.5)
         m = OpenAIChatModel(model_config, SamplingConfig(), api_key="sk-t", base_url=provider.url, gate=gate)
