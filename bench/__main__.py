@@ -1,12 +1,13 @@
 """``python -m bench [--quick] [--only NAME,...] [--work DIR]``: run the scenarios, print one table.
 
-Scenarios (``--only`` takes these names, or ``governor`` for the first three):
-  known       known rate limit: utilization and 429 share
-  adaptive    unknown limit (AIMD): the same
-  cluster     the same on a 2-node local Ray cluster (the budget must stay global)
+Scenarios (``--only`` takes these names, or ``governor`` for the first two):
+  limits      a 30-s job against every way providers count (token bucket, fixed and sliding windows of
+              1/10/60 s; rpm and tpm), with nothing configured and with the limit given: utilization, 429s
+  limits3     the same on a 3-node local Ray cluster (the budget must stay global)
   throughput  sessions/s and CPU per session: raygen vs one asyncio process vs a process pool
   scale       2,000 concurrent sessions at 30 s model latency: % of ideal, peak memory
   sandboxes   start / exec / stop latency per environment backend; Docker sessions/s at 16 and 64
+  verify      what a hidden check adds per session (wall s, CPU s): fresh and same mode, local and Docker
 Raw figures go to WORK/results.json. Run it in a loopback-only namespace (``make bench``).
 """
 
@@ -27,20 +28,20 @@ from pathlib import Path
 
 from bench.common import Context, Row
 
-GROUPS = {"governor": ["known", "adaptive", "cluster"]}
-ORDER = ["known", "adaptive", "cluster", "throughput", "scale", "sandboxes"]
+GROUPS = {"governor": ["limits", "limits3"]}
+ORDER = ["limits", "limits3", "throughput", "scale", "sandboxes", "verify"]
 
 
 def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
-    from bench import governor, sandboxes, scale, throughput
+    from bench import governor, sandboxes, scale, throughput, verify_cost
 
     return {
-        "known": governor.known,
-        "adaptive": governor.adaptive,
-        "cluster": governor.cluster,
+        "limits": governor.limits,
+        "limits3": governor.limits_cluster,
         "throughput": throughput.run,
         "scale": scale.run,
         "sandboxes": sandboxes.run,
+        "verify": verify_cost.run,
     }
 
 
