@@ -74,6 +74,83 @@ FilterUnsafe = Annotated[
     Opt("--filter-unsafe/--no-filter-unsafe", help="Reject sessions with an unsafe-labelled call \\[off]."),
     Sets("filters.unsafe_actions"),
 ]
+FilterTruncated = Annotated[
+    bool | None,
+    Opt("--filter-truncated/--no-filter-truncated", help="Reject sessions cut at the token limit \\[on]."),
+    Sets("filters.truncated"),
+]
+# Verified trajectories (raygen/verify): rejection sampling, best-of-n, RL groups.
+MinReward = Annotated[
+    float | None,
+    Opt("--min-reward", min=0.0, max=1.0, help="Reject sessions with no reward or one below R."),
+    Sets("filters.min_reward"),
+]
+BestOf = Annotated[
+    bool | None,
+    Opt("--best-of/--no-best-of", help="Keep only the highest-reward sample of each prompt group \\[off]."),
+    Sets("filters.best_of"),
+]
+Groups = Annotated[
+    bool | None,
+    Opt("--groups/--no-groups", help="Keep only complete prompt groups whose rewards differ (RL) \\[off]."),
+    Sets("filters.groups"),
+]
+SamplesPerPrompt = Annotated[
+    int | None,
+    Opt("--samples-per-prompt", min=1, help="Independent sessions per row, a prompt group \\[1]."),
+    Sets("samples_per_prompt"),
+]
+OutputFormat = Annotated[
+    str | None,
+    Opt("--format", help="raygen, or hermes: also trajectories.jsonl as Hermes Agent writes it \\[raygen]."),
+    Sets("output.format"),
+]
+
+# The options people migrate with from Hermes Agent's batch_runner (docs/migrating-from-hermes.md).
+ReasoningEffort = Annotated[
+    str | None,
+    Opt(help="none, minimal, low, medium, high or xhigh; spelled for the endpoint (OpenRouter or OpenAI)."),
+    Sets("provider.reasoning_effort"),
+]
+Reasoning = Annotated[
+    bool | None,
+    Opt("--reasoning/--no-reasoning", help="--no-reasoning asks the provider for no reasoning at all."),
+    Sets("provider.reasoning"),
+]
+ProvidersAllowed = Annotated[
+    str | None, Opt(help="OpenRouter: only these providers (a,b)."), Sets("provider.providers_allowed")
+]
+ProvidersIgnored = Annotated[
+    str | None, Opt(help="OpenRouter: never these providers (a,b)."), Sets("provider.providers_ignored")
+]
+ProvidersOrder = Annotated[
+    str | None, Opt(help="OpenRouter: try these providers in order (a,b)."), Sets("provider.providers_order")
+]
+ProviderSort = Annotated[
+    str | None,
+    Opt(help="OpenRouter: rank providers by price, throughput or latency."),
+    Sets("provider.provider_sort"),
+]
+Stream = Annotated[
+    bool | None,
+    Opt("--stream/--no-stream", help="Streamed replies, idle timeout per chunk."),
+    Sets("provider.stream"),
+]
+PrefillMessages = Annotated[
+    Path | None,
+    Opt("--prefill-messages", help="JSON list of {role, content} sent before each prompt, not stored."),
+    Sets("session.prefill_messages_file"),
+]
+EphemeralSystemPrompt = Annotated[
+    str | None,
+    Opt(help="System prompt sent to the model, never stored."),
+    Sets("session.ephemeral_system_prompt"),
+]
+RetryFailed = Annotated[
+    str | None,
+    Opt(help="With --resume: run final failures of these kinds again (KIND[,KIND], e.g. provider_auth)."),
+    Sets("retry.retry_failed"),
+]
 
 ToolsetPlugins = Annotated[list[str] | None, Opt("--toolset-plugin", help="Extra toolsets (module:attr).")]
 # str, not Path: a run folder may be an object-store URI (Path would fold s3://b into s3:/b).
