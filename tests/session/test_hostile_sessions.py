@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from raygen.config import LocalEnvConfig, OpenAIModelConfig, SamplingConfig, SessionConfig
+from raygen.envs.local import bwrap_problem
 from raygen.input.rows import PromptRow, Sample
 from raygen.model.openai_model import OpenAIChatModel
 from raygen.session.agent import SessionRunner
@@ -23,14 +24,14 @@ def sample() -> Sample:
     return Sample(row=row, sample_key="h" * 24, prompt_index=0, line=1, toolsets=["file", "terminal"])
 
 
-async def run_session(script, tmp_path: Path, *, retries: int = 0, **session):
+async def run_session(script, tmp_path: Path, *, retries: int = 0, bwrap: bool = False, **session):
     async with HostileProvider(script) as provider:
         config = OpenAIModelConfig(base_url=provider.url, max_retries=retries, retry_max_wait_s=0.01)
         model = OpenAIChatModel(config, SamplingConfig(), api_key="sk-hostile-key", base_url=provider.url)
         runner = SessionRunner(
             model=model,
             registry=load_registry([]),
-            env_config=LocalEnvConfig(root=tmp_path),
+            env_config=LocalEnvConfig(root=tmp_path, bwrap=bwrap),
             session=SessionConfig(**session),
             secret_values=["sk-hostile-key"],
         )
@@ -107,3 +108,16 @@ async def test_a_host_secret_read_by_a_tool_is_redacted_in_the_record_and_the_ne
     assert "RAYGEN_TEST_DEPLOY_TOKEN=[REDACTED]" in record.messages[2]["content"]
     assert secret not in record.model_dump_json()
     assert all(secret.encode() not in body for body in provider.bodies)
+
+
+@pytest.mark.skipif(bwrap_problem() is not None, reason="bubblewrap unusable here")
+async def test_read_file_of_proc_self_environ_under_bwrap_reveals_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # The case: the file tool ran outside the sandbox and returned the worker's environment.
+    monkeypatch.setenv("RAYGEN_TEST_PLAIN_VARIABLE", "visible-only-to-the-worker")
+    script = [tool_call("read_file", {"path": "/proc/self/environ"}), answer()]
+    record, provider = await run_session(script, tmp_path, bwrap=True)
+    assert record.exit_status == "completed" and record.tool_error_counts == {"execution": 1}
+    assert "no such file" in record.messages[2]["content"]
+    assert all(b"visible-only-to-the-worker" not in body for body in provider.bodies)
