@@ -14,9 +14,17 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import Annotated, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import core_schema
 
 ResultKind = Literal["exit_code", "reward_file", "last_line"]
 Mode = Literal["same", "fresh"]
@@ -35,16 +43,28 @@ def check_relative_path(path: str) -> str:
     return norm
 
 
+class RelativePath(str):
+    """A string path checked by ``check_relative_path`` (a type, so docs and errors name it plainly)."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(
+            check_relative_path, core_schema.str_schema(strict=True)
+        )
+
+
 class VerifySpec(BaseModel):
     """How a session's result is checked after the agent has finished."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    files: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    files: dict[str, str] = Field(default_factory=dict)
     """Hidden files (relative path -> text) written only at grading time, over whatever is there."""
-    command: StrictStr | None = None
+    command: str | None = None
     """Shell command run in the working directory of the grading environment (or set ``python``)."""
-    python: StrictStr | None = None
+    python: str | None = None
     """A Python verifier ``module:function`` instead of ``command``: called as ``await function(check)``
     with a ``raygen.verify.python.PythonCheck`` (the grading environment, the conversation, the spec) after
     the files are staged; returns a reward in [0, 1] or a bool (a plain function works too)."""
@@ -53,7 +73,7 @@ class VerifySpec(BaseModel):
     result: ResultKind = "exit_code"
     """``exit_code``: 0 passes (reward 1), anything else fails (reward 0); ``reward_file``: a float in
     [0, 1] read from ``reward_file``; ``last_line``: a float in [0, 1] on the last line of the output."""
-    reward_file: StrictStr = "reward.txt"
+    reward_file: str = "reward.txt"
     """File the command writes its reward to (``result: reward_file``); a ``.json`` file holds
     ``{"reward": x}``."""
     pass_threshold: float = Field(1.0, ge=0, le=1)
@@ -61,7 +81,7 @@ class VerifySpec(BaseModel):
     mode: Mode | None = None
     """``fresh``: a new environment from the row's image receives only ``artifacts``, then ``files``;
     ``same``: the check runs in the agent's environment, ``files`` written over it. Unset: ``fresh``."""
-    artifacts: list[Annotated[StrictStr, AfterValidator(check_relative_path)]] = Field(default_factory=list)
+    artifacts: list[RelativePath] = Field(default_factory=list)
     """Files the agent must leave behind: copied to a fresh grading environment and stored with the
     record (for ``raygen rescore``)."""
 
