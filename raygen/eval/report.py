@@ -39,6 +39,7 @@ from raygen.eval.viewer import embed_json, viewer_entry
 from raygen.output.filters import OUTCOMES
 from raygen.output.run_dir import REPORT_FILE, RunDir
 from raygen.output.shards import RecordReader
+from raygen.verify.report import rewards_section
 
 DEFAULT_SAMPLE = 500
 """Most trajectories embedded in the viewer."""
@@ -53,6 +54,7 @@ _NAV = (
     ("exit", "Exit statuses"),
     ("reasoning", "Reasoning"),
     ("failures", "Rejections & failures"),
+    ("rewards", "Rewards"),
     ("viewer", "Trajectories"),
 )
 
@@ -176,6 +178,7 @@ def build_report(
         + exit_section(stats)
         + reasoning_section(stats)
         + failures_section(stats)
+        + rewards_section(stats)
         + _viewer_section(entries, sampler, seed, sample_size)
         + "</main>"
     )

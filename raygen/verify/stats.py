@@ -13,6 +13,7 @@ from math import comb
 from typing import Any
 
 VERIFY_ERROR = "error:verify_error"
+HISTOGRAM_BINS = 10
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -38,6 +39,8 @@ class VerificationStats:
     """``{group_id: [graded n, passed c]}`` of prompt groups (``--samples-per-prompt`` K > 1)."""
     singles: list[int] = field(default_factory=lambda: [0, 0])
     """``[graded, passed]`` of samples without a group: each is a group of one, counted, not stored."""
+    histogram: list[int] = field(default_factory=lambda: [0] * HISTOGRAM_BINS)
+    """Graded sessions per reward bin: [0, 0.1), [0.1, 0.2), ... [0.9, 1.0]."""
 
     def add(self, exit_status: str, reward: float | None, passed: bool | None, group: str | None) -> None:
         if exit_status == VERIFY_ERROR:
@@ -48,6 +51,7 @@ class VerificationStats:
         self.graded += 1
         self.passed += bool(passed)
         self.reward_sum += reward
+        self.histogram[min(int(reward * HISTOGRAM_BINS), HISTOGRAM_BINS - 1)] += 1
         counts = self.singles if group is None else self.groups.setdefault(group, [0, 0])
         counts[0] += 1
         counts[1] += bool(passed)
@@ -58,6 +62,7 @@ class VerificationStats:
         self.reward_sum += other.reward_sum
         self.errors += other.errors
         self.singles = [self.singles[0] + other.singles[0], self.singles[1] + other.singles[1]]
+        self.histogram = [a + b for a, b in zip(self.histogram, other.histogram, strict=True)]
         for group, (n, c) in other.groups.items():
             counts = self.groups.setdefault(group, [0, 0])
             counts[0] += n
@@ -90,4 +95,5 @@ class VerificationStats:
             "error_share": self.errors / checked if checked else None,
             "groups": len(self.groups) + self.singles[0],
             "pass_at_k": self.pass_at(),
+            "reward_histogram": list(self.histogram),
         }

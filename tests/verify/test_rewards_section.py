@@ -1,0 +1,21 @@
+"""The report's Rewards section, from the statistics of a real merge."""
+
+from __future__ import annotations
+
+import json
+
+from raygen.config import FilterConfig
+from raygen.output.merge import merge_run
+from raygen.verify.report import rewards_section
+from tests.verify.test_merge_filters import write_run
+
+
+def test_histogram_and_pass_at_k_per_category(tmp_path):
+    write_run(tmp_path)
+    merge_run(tmp_path, FilterConfig(), 100)
+    stats = json.loads((tmp_path / "statistics.json").read_text())
+    assert stats["verification"]["reward_histogram"] == [8, 0, 0, 0, 0, 1, 0, 0, 0, 8]
+    html = rewards_section(stats)
+    assert 'id="rewards"' in html and "<svg" in html
+    assert all(f"pass@{k}" in html for k in (1, 2, 3, 4)) and ">py<" in html
+    assert "No session" in rewards_section({"counts": {}})
