@@ -93,12 +93,17 @@ def huge_reply(chars: int) -> Step:
 
 
 class HostileProvider:
-    """``async with HostileProvider([step, ...]) as p:`` then point a client at ``p.url``."""
+    """``async with HostileProvider([step, ...]) as p:`` then point a client at ``p.url``.
 
-    def __init__(self, script: list[Step]):
-        if not script:
+    ``script`` may also map a prompt (the first user message) to its own steps, for runs whose sessions
+    reach the provider in any order; ``per_prompt`` then counts each prompt's requests."""
+
+    def __init__(self, script: list[Step] | dict[str, list[Step]]):
+        scripts = script.values() if isinstance(script, dict) else [script]
+        if not all(scripts):
             raise ValueError("a script needs at least one step")
         self.script = script
+        self.per_prompt: dict[str, int] = {}
         self.requests = 0
         self.bodies: list[bytes] = []
         """Every request body received, as sent (to check what reached the provider)."""
@@ -106,12 +111,16 @@ class HostileProvider:
         self._runner: web.AppRunner | None = None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        step = self.script[min(self.requests, len(self.script) - 1)]
-        self.requests += 1
         raw = await request.read()
         self.bodies.append(raw)
         body = json.loads(raw)
-        return await step(request, body)
+        steps, index = self.script, self.requests
+        if isinstance(self.script, dict):
+            prompt = next(m["content"] for m in body["messages"] if m["role"] == "user")
+            steps, index = self.script[prompt], self.per_prompt.get(prompt, 0)
+            self.per_prompt[prompt] = index + 1
+        self.requests += 1
+        return await steps[min(index, len(steps) - 1)](request, body)
 
     async def __aenter__(self) -> HostileProvider:
         app = web.Application(client_max_size=64 * 1024 * 1024)

@@ -14,11 +14,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conformance import alive_host_pids
 
 from raygen.config import LocalEnvConfig
 from raygen.envs.base import EnvSpec
 from raygen.envs.local import LocalEnvironment
+from tests.envs.conformance import alive_host_pids
 
 
 def make_env(root: Path) -> LocalEnvironment:

@@ -1,0 +1,67 @@
+"""``raygen run`` end to end on Ray against a hostile provider (tests/hostile_provider.py): each prompt
+meets one misbehaviour of issue 15 and ends with the documented status and counts (docs/hostile.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cli_runs import read_jsonl
+from tests.envs.test_local_detached import pids_running
+from tests.hostile_provider import HostileProvider, answer, raw_body, tool_call
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+async def test_a_run_against_a_hostile_provider(tmp_path: Path):
+    daemon = f"1002.{uuid.uuid4().int % 10**9}"
+    script = {
+        "malformed": [raw_body(b'{"choices": [')],
+        "non-utf8": [raw_body(b"\xff\xfe{}")],
+        "huge command": [tool_call("terminal", {"command": "echo " + "x" * 5_000_000}), answer("gave up")],
+        "daemon": [tool_call("terminal", {"command": f"cd / && setsid nohup sleep {daemon} &"}), answer()],
+        "fine": [answer()],
+    }
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text("".join(f'{{"id": "{p}", "prompt": "{p}"}}\n' for p in script))
+    async with HostileProvider(script) as provider:
+        config = {
+            "model": {"type": "openai", "base_url": provider.url, "max_retries": 2, "retry_max_wait_s": 0.05},
+            "ray": {"workers": 1, "sessions_per_worker": 8},
+            "env": {"type": "local", "root": str(tmp_path / "workdirs")},
+            "retry": {"max_attempts": 1},
+            "output": {"output_dir": str(tmp_path / "runs"), "run_name": "hostile"},
+        }
+        (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+        argv = [
+            sys.executable,
+            "-m",
+            "raygen.cli",
+            "run",
+            str(dataset),
+            "--config",
+            str(tmp_path / "run.yaml"),
+        ]
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            env={**os.environ, "OPENAI_API_KEY": "sk-hostile"},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, stderr = await asyncio.wait_for(proc.communicate(), 600)
+    run = tmp_path / "runs" / "hostile"
+    records = {r["id"]: r for r in read_jsonl(run.glob("*/*.jsonl"))}  # kept, rejected (no reasoning), failed
+    assert set(records) == set(script), stderr.decode()[-3000:]
+    for bad in ("malformed", "non-utf8"):
+        assert records[bad]["exit_status"] == "error:provider_malformed"  # not error:internal
+        assert records[bad]["api_calls"] == 1 and provider.per_prompt[bad] == 3  # one call, three attempts
+    assert records["huge command"]["exit_status"] == "completed"  # not error:env_lost
+    assert records["huge command"]["tool_error_counts"] == {"invalid_arguments": 1}
+    assert records["daemon"]["exit_status"] == "completed" and records["fine"]["exit_status"] == "completed"
+    assert pids_running(daemon) == []  # the daemon ended with its session
