@@ -483,6 +483,11 @@ class RayConfig(_Section):
     see docs/cluster.md), each actor reserves ``sessions_per_worker`` units of the one for ``env.type``
     (one per sandbox it may hold), so sessions run only on nodes offering that backend and within their
     capacity; if no node does (a plain local run), nothing."""
+    metrics_export_port: int | None = Field(None, ge=1, le=65535)
+    """Port of the Prometheus endpoint of the private Ray a run starts (``_metrics_export_port``; raygen's
+    sessions, tokens, 429s, requests and sandboxes in flight and the governor's rates are among its
+    metrics, docs/cluster.md). Unset: Ray picks one. A joined cluster sets it with ``ray start
+    --metrics-export-port``."""
 
 
 class GovernorConfig(_Section):
@@ -517,13 +522,14 @@ class GovernorConfig(_Section):
     """Adaptive ceiling when ``rpm`` is unset."""
     decrease_factor: float = Field(0.7, gt=0, lt=1)
     """On a 429 that the measured rate cannot explain (it is at or above the target), the target is
-    multiplied by this instead; at most one cut per ``cut_window_s``."""
+    multiplied by this instead; near a measured limit no cut goes deeper than this in one step; at most one
+    cut per ``cut_window_s``."""
     increase_fraction: float = Field(0.03, gt=0, le=1)
     """Near the limit learned from the last 429, the target grows by this fraction of that limit after each
     ``increase_interval_s`` of clean traffic that used the target (additive increase); far below it, or
     before any 429, it doubles (slow start)."""
     increase_interval_s: float = Field(1.0, gt=0)
-    """Seconds of clean traffic between two increases of the adaptive target (at least ten requests'
+    """Seconds of clean traffic between two increases of the adaptive target (at least three requests'
     worth of the target)."""
     cut_window_s: float = Field(1.0, ge=0)
     """A burst of 429s within this many seconds cuts the target once."""

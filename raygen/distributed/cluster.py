@@ -43,9 +43,12 @@ map function and context in the object store and lets its actors restart, which 
 once per process (at ERROR level, from C++, so no Python logger setting reaches it)."""
 
 
-def ensure_ray(address: str | None, *, num_cpus: int | None = None) -> bool:
-    """Connect to ``address`` or start a private local Ray. Returns True if this call started Ray
-    (the caller then shuts it down)."""
+def ensure_ray(
+    address: str | None, *, num_cpus: int | None = None, metrics_export_port: int | None = None
+) -> bool:
+    """Connect to ``address`` or start a private local Ray (its Prometheus endpoint on
+    ``metrics_export_port``, if given). Returns True if this call started Ray (the caller then shuts it
+    down)."""
     if ray.is_initialized():
         return False
     if address:
@@ -73,6 +76,7 @@ def ensure_ray(address: str | None, *, num_cpus: int | None = None) -> bool:
             runtime_env=runtime_env,
             log_to_driver=False,
             configure_logging=False,
+            **({"_metrics_export_port": metrics_export_port} if metrics_export_port else {}),
         )
     return True
 

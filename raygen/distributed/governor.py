@@ -21,6 +21,7 @@ from raygen.config import GovernorConfig
 from raygen.distributed.governor_client import REPORT_INTERVAL_S, GovernorClient
 from raygen.distributed.governor_policy import GovernorPolicy
 from raygen.distributed.leases import Lease, UsageReport
+from raygen.distributed.metrics import GovernorMetrics
 from raygen.model.gate import OpenGate, RateGate
 
 __all__ = [
@@ -60,9 +61,11 @@ class GovernorService:
     cluster is saturated it lingers briefly to fill the whole request, so each call carries a batch.
     """
 
-    def __init__(self, config: GovernorConfig | dict, clock: Any = None):
+    def __init__(self, config: GovernorConfig | dict, clock: Any = None, export_as: str | None = None):
+        """``export_as``: the actor's name, under which its rates become Ray metrics (the actor only)."""
         self._config = GovernorConfig.model_validate(config)
         self._policy = GovernorPolicy(self._config) if clock is None else GovernorPolicy(self._config, clock)
+        self._metrics = GovernorMetrics(export_as) if export_as else None
         self._queue = asyncio.Lock()  # asyncio.Lock is FIFO: workers are served in arrival order
         self._linger_s = self._config.burst_s / 2  # a batch never spans more than half the burst window
         self.remote_calls = 0
@@ -72,6 +75,7 @@ class GovernorService:
     ) -> Lease:
         """Apply ``report``, then grant up to ``want_requests`` slots for about ``want_tokens`` tokens."""
         self.remote_calls += 1
+        self._export()
         loop = asyncio.get_running_loop()
         if report is not None:
             self._policy.report(holder, report)
@@ -94,7 +98,12 @@ class GovernorService:
     async def report(self, holder: str, report: UsageReport) -> Lease:
         """Apply a worker's batched deltas; the reply carries the current epoch and any pause."""
         self.remote_calls += 1
+        self._export()
         return self._policy.report(holder, report)
+
+    def _export(self) -> None:
+        if self._metrics is not None:
+            self._metrics.maybe_export(self._policy.snapshot)
 
     async def snapshot(self) -> dict:
         """Targets, achieved rates (last 10 s), in flight, 429s, total wait, remote calls received."""
@@ -122,13 +131,14 @@ def get_or_create_governor(
     global _ACTOR_CLASS  # one Ray class per process; re-wrapping the class on every call is wasteful
     if _ACTOR_CLASS is None:
         _ACTOR_CLASS = ray.remote(GovernorService)
+    name = governor_name(base_url, model, api_key)
     return _ACTOR_CLASS.options(
-        name=governor_name(base_url, model, api_key),
+        name=name,
         namespace=NAMESPACE,
         get_if_exists=True,
         num_cpus=0,
         max_restarts=-1,  # a restarted governor starts fresh; workers keep going meanwhile
-    ).remote(config.model_dump(mode="json"))
+    ).remote(config.model_dump(mode="json"), export_as=name)
 
 
 _ACTOR_CLASS: Any = None

@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from raygen.distributed.governor import gate_for
+from raygen.distributed.metrics import MeteredGate, WorkerMetrics
 from raygen.distributed.plan import WorkerPlan
 from raygen.input.rows import Sample
 from raygen.model import create_model
@@ -34,8 +35,9 @@ class SessionWorker:
         cfg = plan.config
         self.node = ray.get_runtime_context().get_node_id()
         api_key = plan.api_key.get_secret_value()
+        self.metrics = WorkerMetrics(plan.run_name)
         # One gate per process, leasing capacity from the cluster-wide governor the driver created.
-        gate = gate_for(cfg.governor, plan.base_url, cfg.model.model, api_key)
+        gate = MeteredGate(gate_for(cfg.governor, plan.base_url, cfg.model.model, api_key), self.metrics)
         self.model = create_model(
             plan.model_config(),
             sampling=cfg.sampling,
@@ -58,6 +60,7 @@ class SessionWorker:
             config_fingerprint=plan.config_fingerprint,
             secret_values=secrets,
             verify_default=cfg.verify.default,
+            on_sandbox=self.metrics.sandbox_opened,
         )
         self.slots = asyncio.Semaphore(cfg.ray.sessions_per_worker)
         self.pid = os.getpid()
@@ -69,7 +72,9 @@ class SessionWorker:
         async with self.slots:
             if not await self.control.begin.remote(sample.sample_key, sample.attempt):
                 return False
+            self.metrics.session_started()
             record = await self.runner.run(sample)
+            self.metrics.session_finished(record.exit_status)
             summary = json.dumps(dataclasses.asdict(summarize(record)))
             await self.control.finish.remote(
                 sample.sample_key, sample.attempt, jsonl_safe(record.model_dump_json()), summary

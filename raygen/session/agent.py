@@ -14,6 +14,7 @@ import json
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -62,8 +63,11 @@ class SessionRunner:
         config_fingerprint: str = "",
         secret_values: list[str] | None = None,
         verify_default: VerifySpec | None = None,
+        on_sandbox: Callable[[int], None] | None = None,
     ):
         self.model = model
+        self.on_sandbox = on_sandbox
+        """Told +1 when a session's environment starts and -1 when it closes (metrics)."""
         self.verify_default = verify_default
         """The check of rows without their own ``verify`` (config ``verify.default``)."""
         self.registry = registry
@@ -170,6 +174,9 @@ class _SessionState:
         ctx.env = await self._stack.enter_async_context(
             create_environment(self.runner.env_config, self._env_spec())
         )
+        if self.runner.on_sandbox is not None:
+            self.runner.on_sandbox(+1)
+            self._stack.callback(self.runner.on_sandbox, -1)
         self.env_s += time.monotonic() - t
 
     async def _verify(self, ctx: ToolContext) -> None:

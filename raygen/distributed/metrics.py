@@ -1,0 +1,142 @@
+"""raygen's figures as Ray metrics (``ray.util.metrics``), so they appear where Ray users look: the Ray
+dashboard and its Prometheus endpoint (``ray.metrics_export_port``, ``ray start --metrics-export-port``).
+
+Ray prefixes every name with ``ray_`` (and Prometheus gives counters a ``_total`` suffix:
+``ray_raygen_sessions_started_total``) and tags each series with the reporting process (``WorkerId``), so a
+cluster figure is a ``sum`` over processes. Every raygen series carries ``run`` (the run name). Exported:
+
+- ``raygen_sessions_started``, ``raygen_sessions_finished`` (tag ``status``: ``completed``, ``failed`` for
+  an ``error:*`` exit, ``other`` for model outcomes such as ``max_turns``), ``raygen_sessions_failed``;
+- ``raygen_tokens`` (tag ``kind``: ``prompt`` / ``completion``), ``raygen_rate_limited`` (429 answers);
+- gauges ``raygen_requests_in_flight`` and ``raygen_sandboxes``;
+- from the governor actor, gauges ``raygen_governor_target_rpm`` (0 while nothing is paced),
+  ``raygen_governor_achieved_rpm`` and ``raygen_governor_measured_limit_rpm`` (tag ``governor``: its actor
+  name).
+
+The session layer knows nothing of Ray: the worker wraps the model's ``RateGate`` (every request passes it
+with its outcome) and hands ``SessionRunner`` a sandbox callback.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ray.util.metrics import Counter, Gauge
+
+from raygen.model.gate import RateGate
+
+_EXPORT_EVERY_S = 1.0
+"""The governor's gauges are set at most this often (they are read every few seconds at best)."""
+
+
+class WorkerMetrics:
+    """The counters and gauges of one session-actor process."""
+
+    def __init__(self, run_name: str):
+        self._tags = {"run": run_name}
+        self.started = Counter("raygen_sessions_started", description="Sessions started.", tag_keys=("run",))
+        self.finished = Counter(
+            "raygen_sessions_finished",
+            description="Sessions finished, by status (completed, failed, other).",
+            tag_keys=("run", "status"),
+        )
+        self.failed = Counter(
+            "raygen_sessions_failed", description="Sessions ended by an error:* status.", tag_keys=("run",)
+        )
+        self.tokens = Counter(
+            "raygen_tokens", description="Tokens the provider reported, by kind.", tag_keys=("run", "kind")
+        )
+        self.rate_limited = Counter(
+            "raygen_rate_limited", description="Requests answered 429.", tag_keys=("run",)
+        )
+        self.requests_gauge = Gauge(
+            "raygen_requests_in_flight", description="Model requests in flight.", tag_keys=("run",)
+        )
+        self.sandboxes_gauge = Gauge(
+            "raygen_sandboxes", description="Sandboxes (environments) open.", tag_keys=("run",)
+        )
+        self.requests = self.sandboxes = 0
+
+    def session_started(self) -> None:
+        self.started.inc(1, tags=self._tags)
+
+    def session_finished(self, exit_status: str) -> None:
+        failed = exit_status.startswith("error:")
+        status = "completed" if exit_status == "completed" else "failed" if failed else "other"
+        self.finished.inc(1, tags={**self._tags, "status": status})
+        if failed:
+            self.failed.inc(1, tags=self._tags)
+
+    def sandbox_opened(self, delta: int) -> None:
+        """``SessionRunner``'s ``on_sandbox`` callback: +1 when a session's environment starts, -1 when
+        it is closed."""
+        self.sandboxes += delta
+        self.sandboxes_gauge.set(self.sandboxes, tags=self._tags)
+
+    def request(self, delta: int) -> None:
+        self.requests += delta
+        self.requests_gauge.set(self.requests, tags=self._tags)
+
+    def outcome(self, status: int | None, prompt_tokens: int, completion_tokens: int) -> None:
+        if status == 429:
+            self.rate_limited.inc(1, tags=self._tags)
+        if prompt_tokens > 0:
+            self.tokens.inc(prompt_tokens, tags={**self._tags, "kind": "prompt"})
+        if completion_tokens > 0:
+            self.tokens.inc(completion_tokens, tags={**self._tags, "kind": "completion"})
+
+
+class MeteredGate:
+    """A ``RateGate`` that counts what passes through it (requests in flight, 429s, tokens) and leaves
+    every decision to the gate it wraps."""
+
+    def __init__(self, inner: RateGate, metrics: WorkerMetrics):
+        self._inner = inner
+        self._metrics = metrics
+
+    async def acquire(self, est_tokens: int) -> Any:
+        permit = await self._inner.acquire(est_tokens)
+        self._metrics.request(+1)
+        return permit
+
+    def release(self, permit: Any, **outcome: Any) -> None:
+        self._metrics.request(-1)
+        self._metrics.outcome(
+            outcome.get("status"), outcome.get("prompt_tokens", 0), outcome.get("completion_tokens", 0)
+        )
+        self._inner.release(permit, **outcome)
+
+
+class GovernorMetrics:
+    """The governor actor's gauges, set from its policy's snapshot at most once a second."""
+
+    def __init__(self, governor: str):
+        self._tags = {"governor": governor}
+        keys = ("governor",)
+        self._gauges = {
+            "target_rpm": Gauge(
+                "raygen_governor_target_rpm",
+                description="The governor's paced rate (0: nothing paced).",
+                tag_keys=keys,
+            ),
+            "achieved_rpm": Gauge(
+                "raygen_governor_achieved_rpm", description="Requests granted, last 10 s.", tag_keys=keys
+            ),
+            "measured_limit_rpm": Gauge(
+                "raygen_governor_measured_limit_rpm",
+                description="The rate the provider let through at its last 429 (0: none yet).",
+                tag_keys=keys,
+            ),
+        }
+        self._next = 0.0
+
+    def maybe_export(self, snapshot: Any) -> None:
+        """Set the gauges from ``snapshot()`` (a callable, called only when due)."""
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + _EXPORT_EVERY_S
+        figures = snapshot()
+        for key, gauge in self._gauges.items():
+            gauge.set(float(figures.get(key) or 0.0), tags=self._tags)

@@ -1,0 +1,69 @@
+"""The services a run's sessions need, started before the first pass and stopped after the last, in
+reverse order, however the run ends: this node's leftover containers reaped, the built-in simulator
+(when the config names no endpoint), Ray, and the cluster-wide governor.
+
+Ray is imported only inside (through ``raygen.distributed``), so importing the driver stays cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import SecretStr
+from rich.console import Console
+
+from raygen.config import RunConfig
+from raygen.distributed.plan import WorkerPlan
+from raygen.generation import Generation, RunSecrets
+from raygen.model.endpoint import model_endpoint
+
+
+@dataclass
+class RunServices:
+    plan: WorkerPlan
+    """What every session actor is built from (endpoint resolved, secrets wrapped)."""
+    monitor: Any
+    """``GovernorMonitor``: the governor's line for the progress display and its history."""
+
+
+@contextmanager
+def run_services(
+    config: RunConfig, generation: Generation, secrets: RunSecrets, console: Console
+) -> Iterator[RunServices]:
+    from raygen.distributed.cluster import ensure_ray, shutdown_ray
+    from raygen.distributed.governor import get_or_create_governor
+    from raygen.distributed.monitor import GovernorMonitor
+
+    with ExitStack() as stack:
+        reap(config, console)  # containers a killed earlier attempt of this run left behind
+        stack.callback(reap, config, console)
+        base_url = stack.enter_context(model_endpoint(config, console.print))
+        if ensure_ray(config.ray.address, metrics_export_port=config.ray.metrics_export_port):
+            stack.callback(shutdown_ray)
+        # Created by the driver so it lives exactly as long as the run (named: workers find it).
+        monitor = GovernorMonitor(
+            get_or_create_governor(config.governor, base_url, config.model.model, secrets.api_key)
+        )
+        plan = WorkerPlan(
+            config=config,
+            run_name=str(config.output.run_name),
+            base_url=base_url,
+            api_key=SecretStr(secrets.api_key),
+            config_fingerprint=generation.fingerprint,
+            secret_values=[SecretStr(v) for v in secrets.values],
+        )
+        yield RunServices(plan=plan, monitor=monitor)
+
+
+def reap(config: RunConfig, console: Console) -> None:
+    """Remove this run's leftover containers on this node (no-op for backends without containers)."""
+    if config.env.type not in ("docker", "singularity"):
+        return
+    from raygen.envs.images import reap as reap_containers
+
+    removed = reap_containers(str(config.output.run_name), config.env)
+    if removed:
+        console.print(f"removed {removed} leftover container(s) of run {config.output.run_name}")
