@@ -18,6 +18,7 @@ from typing import Any
 from raygen.errors import ConfigError
 from raygen.eval.html import ratio
 from raygen.eval.runread import RunInfo, load_run
+from raygen.verify.stats import verification_metrics
 
 Getter = Callable[[dict[str, Any]], Any]
 
@@ -153,6 +154,7 @@ def bucket_metrics(bucket: dict[str, Any]) -> dict[str, float | None]:
         "reasoning_coverage": reasoning.get("coverage"),
         "sessions_with_reasoning_rate": ratio(reasoning.get("sessions_with_any", 0), total),
         "duration_mean_s": (bucket.get("duration_s") or {}).get("mean"),
+        **verification_metrics(bucket),
     }
 
 

@@ -97,3 +97,17 @@ class VerificationStats:
             "pass_at_k": self.pass_at(),
             "reward_histogram": list(self.histogram),
         }
+
+
+def verification_metrics(bucket: dict[str, Any]) -> dict[str, float | None]:
+    """The comparable reward figures of one statistics bucket (``raygen compare``); none without checks."""
+    v = bucket.get("verification")
+    if not v:
+        return {}
+    out = {
+        "mean_reward": v.get("mean_reward"),
+        "pass_rate": v.get("pass_rate"),
+        "verify_error_share": v.get("error_share"),
+    }
+    out.update({f"pass@{k}": x for k, x in (v.get("pass_at_k") or {}).items()})
+    return out
