@@ -14,7 +14,7 @@ import yaml
 
 from tests.cli_runs import read_jsonl
 from tests.envs.test_local_detached import pids_running
-from tests.hostile_provider import HostileProvider, answer, raw_body, tool_call
+from tests.hostile_provider import HostileProvider, answer, raw_body, status, tool_call
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -27,6 +27,9 @@ async def test_a_run_against_a_hostile_provider(tmp_path: Path):
         "huge command": [tool_call("terminal", {"command": "echo " + "x" * 5_000_000}), answer("gave up")],
         "daemon": [tool_call("terminal", {"command": f"cd / && setsid nohup sleep {daemon} &"}), answer()],
         "fine": [answer()],
+        # Under --rpm, one absurd Retry-After must not freeze the worker: its gate pauses at most
+        # governor.max_pause_s (2 s here), so the run ends in seconds, not in 100000.
+        "retry-after": [status(503, {"Retry-After": "100000"}), answer()],
     }
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_text("".join(f'{{"id": "{p}", "prompt": "{p}"}}\n' for p in script))
@@ -36,6 +39,7 @@ async def test_a_run_against_a_hostile_provider(tmp_path: Path):
             "ray": {"workers": 1, "sessions_per_worker": 8},
             "env": {"type": "local", "root": str(tmp_path / "workdirs")},
             "retry": {"max_attempts": 1},
+            "governor": {"rpm": 600, "max_pause_s": 2},
             "output": {"output_dir": str(tmp_path / "runs"), "run_name": "hostile"},
         }
         (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
@@ -54,7 +58,7 @@ async def test_a_run_against_a_hostile_provider(tmp_path: Path):
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-        _, stderr = await asyncio.wait_for(proc.communicate(), 600)
+        _, stderr = await asyncio.wait_for(proc.communicate(), 300)
     run = tmp_path / "runs" / "hostile"
     records = {r["id"]: r for r in read_jsonl(run.glob("*/*.jsonl"))}  # kept, rejected (no reasoning), failed
     assert set(records) == set(script), stderr.decode()[-3000:]
@@ -63,5 +67,6 @@ async def test_a_run_against_a_hostile_provider(tmp_path: Path):
         assert records[bad]["api_calls"] == 1 and provider.per_prompt[bad] == 3  # one call, three attempts
     assert records["huge command"]["exit_status"] == "completed"  # not error:env_lost
     assert records["huge command"]["tool_error_counts"] == {"invalid_arguments": 1}
-    assert records["daemon"]["exit_status"] == "completed" and records["fine"]["exit_status"] == "completed"
+    for good in ("daemon", "fine", "retry-after"):
+        assert records[good]["exit_status"] == "completed", records[good]["error"]
     assert pids_running(daemon) == []  # the daemon ended with its session
