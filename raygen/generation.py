@@ -15,29 +15,30 @@ from typing import Any
 
 from raygen.config import RunConfig, fingerprint
 from raygen.errors import ConfigError
+from raygen.hygiene.leaks import host_secret_values
 from raygen.model.endpoint import endpoint_label
 from raygen.model.provider_options import request_options
 from raygen.tools.distributions import BoundDistribution, load_distribution
 from raygen.tools.registry import ToolRegistry, load_registry
 
 
-@dataclass
-class GenerationSetup:
+@dataclass(frozen=True)
+class Generation:
+    """What decides a run's sessions (no secrets: this is recorded in the manifest and fingerprinted)."""
+
     registry: ToolRegistry
     distribution: BoundDistribution
     model_name: str
-    generation: dict[str, Any]
+    settings: dict[str, Any]
+    """The fingerprinted inputs, as recorded under ``generation`` in ``manifest.json``."""
     fingerprint: str
-    api_key: str = ""
-    secret_values: list[str] = field(default_factory=list)
 
     @classmethod
-    def build(cls, config: RunConfig) -> GenerationSetup:
+    def build(cls, config: RunConfig) -> Generation:
         registry = load_registry(config.tools.plugins)
         distribution = load_distribution(config.tools.distribution, set(registry.toolset_names()))
-        api_key = _api_key(config)
         model = config.model
-        generation = {
+        settings = {
             "model": model.model,
             # Spelled as before ``model.type: sim`` existed (the simulator was an ``openai`` model without
             # an endpoint), so simulator runs made then keep their fingerprint and resume unchanged.
@@ -56,11 +57,27 @@ class GenerationSetup:
             registry=registry,
             distribution=distribution,
             model_name=model.model,
-            generation=generation,
-            fingerprint=fingerprint(generation),
-            api_key=api_key,
-            secret_values=[api_key] if api_key else [],
+            settings=settings,
+            fingerprint=fingerprint(settings),
         )
+
+
+@dataclass
+class RunSecrets:
+    """The secrets a run holds in memory: the API key (sent to the provider, never recorded), and every
+    value to scrub from trajectories and count in the output's leak check. Kept apart from
+    ``Generation`` so nothing that records or prints the generation can reach them; not in ``repr``."""
+
+    api_key: str = field(default="", repr=False)
+    values: list[str] = field(default_factory=list, repr=False)
+    """The API key and the driver's values of ``session.secret_env`` (unset or empty ones skipped)."""
+
+    @classmethod
+    def from_environment(cls, config: RunConfig) -> RunSecrets:
+        """Read from the driver's environment; a missing API key for an ``openai`` endpoint is an error."""
+        api_key = _api_key(config)
+        values = ([api_key] if api_key else []) + host_secret_values(config.session.secret_env)
+        return cls(api_key=api_key, values=values)
 
 
 def _optional_generation(config: RunConfig) -> dict[str, Any]:
@@ -88,11 +105,11 @@ def _api_key(config: RunConfig) -> str:
     return key
 
 
-def resume_check(previous: dict[str, Any], setup: GenerationSetup, *, force: bool) -> None:
+def resume_check(previous: dict[str, Any], generation: Generation, *, force: bool) -> None:
     """Refuse to resume with another generation config (``previous``: the run's manifest) unless forced."""
-    if previous.get("config_fingerprint") == setup.fingerprint or force:
+    if previous.get("config_fingerprint") == generation.fingerprint or force:
         return
-    changes = describe_changes(previous.get("generation") or {}, setup.generation)
+    changes = describe_changes(previous.get("generation") or {}, generation.settings)
     raise ConfigError(
         "the generation config differs from the run being resumed ("
         + "; ".join(changes or ["unknown change"])

@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from raygen import cli
 from raygen.cli_options import Sets
-from raygen.configfile import load_config, set_path
+from raygen.config import RunConfig
+from raygen.docs_gen import _models
 
 
 def _flag_keys(command) -> dict[str, str]:
@@ -22,18 +23,24 @@ def _flag_keys(command) -> dict[str, str]:
     }
 
 
+def _is_config_key(key: str) -> bool:
+    """Whether ``key`` names a field of RunConfig (in any backend of a discriminated section)."""
+    models = [RunConfig]
+    for part in key.split("."):
+        fields = [m.model_fields[part] for m in models if part in m.model_fields]
+        if not fields:
+            return False
+        models = [m for f in fields for m in _models(f.annotation)]
+    return True
+
+
 def test_every_flag_names_a_real_config_key():
     """A typo in a flag's key would only show when someone passes the flag: check them all now."""
-    samples = {bool: True, int: 1, float: 1.0, str: "x"}
-    for command in (cli.run, cli.sim_serve):
+    for command in (cli.run, cli.merge, cli.sim_serve):
         keys = _flag_keys(command)
-        assert len(keys) >= 8
-        for name, key in keys.items():
-            hint = typing.get_args(typing.get_type_hints(command)[name])[0]
-            value = "local" if key == "env.type" else samples.get(hint, "x")
-            data: dict = {"model": {"base_url": "http://x/v1"}} if key.startswith("model.") else {}
-            set_path(data, key, value)
-            load_config(None, data)  # raises ConfigError naming the key if it does not exist
+        assert keys
+        assert [key for key in keys.values() if not _is_config_key(key)] == []
+    assert not _is_config_key("ray.wrokers") and not _is_config_key("model.nope")
 
 
 def test_override_reaches_the_resolved_config(tmp_path):
@@ -57,5 +64,7 @@ def test_bad_override_exits_2_naming_the_key(tmp_path):
 
 
 def test_merge_and_run_share_the_filter_flags():
-    run_filters = {k: v for k, v in _flag_keys(cli.run).items() if v.startswith("filters.")}
-    assert run_filters == _flag_keys(cli.merge) and len(run_filters) == 4
+    def filters(command):
+        return {k: v for k, v in _flag_keys(command).items() if v.startswith("filters.")}
+
+    assert filters(cli.run) == filters(cli.merge) and len(filters(cli.run)) >= 4

@@ -40,7 +40,7 @@ from resume_harness import (
 
 from raygen.config import RunConfig
 from raygen.errors import FAILURE_KINDS, RETRYABLE, ConfigError
-from raygen.generation import GenerationSetup, describe_changes
+from raygen.generation import Generation, describe_changes
 from raygen.input.rows import PromptRow, Sample
 from raygen.ledger import Ledger, worker_lost_record
 from raygen.output.shards import ShardWriter
@@ -86,13 +86,13 @@ def _fake_run(
     (``outcomes[i]`` overrides row i with (attempt, exit_status) records; "no_reasoning" is a completed
     session without reasoning)."""
     write_dataset(Path(config.dataset), rows)
-    setup = GenerationSetup.build(config)
+    generation = Generation.build(config)
     run_dir = Path(config.output.output_dir) / str(config.output.run_name)
     run_dir.mkdir(parents=True)
     manifest = {
         "config": config.model_dump(mode="json"),
-        "config_fingerprint": setup.fingerprint,
-        "generation": setup.generation,
+        "config_fingerprint": generation.fingerprint,
+        "generation": generation.settings,
     }
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
     keys = sample_keys(rows)

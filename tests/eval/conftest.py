@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from raygen.config import FilterConfig, RunConfig
-from raygen.generation import GenerationSetup
-from raygen.output.manifest import build_manifest, write_json_atomic
+from raygen.generation import Generation
+from raygen.output.manifest import build_manifest
 from raygen.output.merge import merge_run
+from raygen.output.run_dir import MANIFEST_FILE, RunDir
 from raygen.output.shards import ShardWriter
 from raygen.records import Trajectory
 
@@ -120,20 +121,20 @@ def build_run(
         writer.add(make_trajectory(n, "good", "edge", prompt=NASTY, rid=NASTY_ID).model_dump_json())
     writer.close()
     run_config = RunConfig.model_validate({"output": {"run_name": name}, **(config or {})})
-    setup = GenerationSetup.build(run_config)
+    generation = Generation.build(run_config)
     manifest = build_manifest(
         run_name=name,
         dataset={"path": "/data/prompts.jsonl", "sha256": "ab" * 32, "rows": n + int(nasty)},
         config=run_config.model_dump(mode="json"),
-        model=setup.model_name,
+        model=generation.model_name,
         base_url=None,
-        config_fingerprint=setup.fingerprint,
-        generation=setup.generation,
+        config_fingerprint=generation.fingerprint,
+        generation=generation.settings,
         started_at="2026-01-01T00:00:00+00:00",
         ended_at="2026-01-01T01:00:00+00:00",
         resumed=False,
     )
-    write_json_atomic(run_dir / "manifest.json", manifest)
+    RunDir(run_dir).write_json(MANIFEST_FILE, manifest)
     merge_run(run_dir, FilterConfig(), data_shard_records=max((n + 1) // 3, 1))
     return run_dir
 
