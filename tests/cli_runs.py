@@ -40,3 +40,21 @@ def run_records(run: Path) -> dict[str, list[dict[str, Any]]]:
         "rejected": read_jsonl(run.glob("rejected/*.jsonl")),
         "failed": read_jsonl(run.glob("failed/*.jsonl")),
     }
+
+
+def load_json_with_datasets(tmp: Path, *files: Path) -> dict[str, Any]:
+    """``datasets.load_dataset("json", data_files=files)`` in a fresh offline process (its own HF_HOME):
+    rows and columns, or a failed ``CompletedProcess`` as ``{"error": stderr}``."""
+    script = (
+        "import json, sys\n"
+        "import datasets\n"
+        "ds = datasets.load_dataset('json', data_files=sys.argv[1:], split='train')\n"
+        "print(json.dumps({'rows': ds.num_rows, 'columns': ds.column_names}))\n"
+    )
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp / "hf")}
+    done = subprocess.run(
+        [sys.executable, "-c", script, *map(str, files)], env=env, capture_output=True, text=True, timeout=240
+    )
+    if done.returncode != 0:
+        return {"error": done.stderr[-3000:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])

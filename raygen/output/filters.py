@@ -7,9 +7,10 @@ Order (the first match decides, so each session has exactly one reason):
    (``safety_labels``; enabled by ``FilterConfig.unsafe_actions``, off by default).
 3. ``rejected`` / ``hallucinated_tool``: the model called a tool that was not offered
    (``hallucinated_calls > 0``; enabled by ``FilterConfig.hallucinated_tools``).
-4. ``rejected`` / ``no_reasoning``: no assistant turn carried reasoning (``FilterConfig.no_reasoning``).
-5. ``rejected`` / ``truncated``: a reply was cut at the token limit (``exit_status`` ``truncated``;
-   ``FilterConfig.truncated``, on by default: a cut reply is not an answer to train on).
+4. ``rejected`` / ``truncated``: a reply was cut at the token limit (``exit_status`` ``truncated``;
+   ``FilterConfig.truncated``, on by default: a cut reply is not an answer to train on). Before
+   ``no_reasoning``: a reply cut short often lost its reasoning too, and the cut is the cause.
+5. ``rejected`` / ``no_reasoning``: no assistant turn carried reasoning (``FilterConfig.no_reasoning``).
 6. ``rejected`` / ``incomplete``: the session did not complete, e.g. hit ``max_turns``
    (``FilterConfig.incomplete``).
 7. ``rejected`` / ``low_reward``: no reward, or one below ``FilterConfig.min_reward``.
@@ -31,8 +32,8 @@ OUTCOMES = (KEPT, REJECTED, FAILED)
 REJECTION_REASONS = (
     "unsafe_action",
     "hallucinated_tool",
-    "no_reasoning",
     "truncated",
+    "no_reasoning",
     "incomplete",
     "low_reward",
     "incomplete_group",
@@ -50,10 +51,10 @@ def classify(summary: SessionSummary, filters: FilterConfig) -> tuple[str, str |
         return REJECTED, "unsafe_action"
     if filters.hallucinated_tools and summary.hallucinated_calls > 0:
         return REJECTED, "hallucinated_tool"
-    if filters.no_reasoning and summary.reasoning_with == 0:
-        return REJECTED, "no_reasoning"
     if filters.truncated and summary.exit_status == "truncated":
         return REJECTED, "truncated"
+    if filters.no_reasoning and summary.reasoning_with == 0:
+        return REJECTED, "no_reasoning"
     if filters.incomplete and not summary.completed:
         return REJECTED, "incomplete"
     if filters.min_reward is not None and (summary.reward is None or summary.reward < filters.min_reward):

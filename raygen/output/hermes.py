@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from raygen.errors import ConfigError
 from raygen.session.reasoning import split_reasoning
 
 FORMATS = ("raygen", "hermes")
@@ -173,6 +174,8 @@ class HermesOptions:
 def hermes_options(config: Any, run_dir: Any, fmt: str | None = None) -> HermesOptions | None:
     """Options for ``config`` (a RunConfig), or None when the output format (``fmt`` overrides the
     config's) is raygen's own."""
+    if fmt is not None and fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if (fmt or config.output.format) != "hermes":
         return None
     from raygen.tools.registry import load_registry

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_runs import load_json_with_datasets
 
 from raygen.config import FilterConfig, LocalEnvConfig, ScriptedModelConfig, SessionConfig, SimConfig
 from raygen.input.rows import PromptRow, Sample
@@ -167,45 +164,19 @@ def test_turn_layout_matches_the_reference_record_by_record(ours):
         assert body["content"]["output"] and not body["content"]["output"].endswith("\n")
 
 
-def _load_together(tmp: Path, *files: Path) -> dict[str, Any]:
-    script = textwrap.dedent(
-        """
-        import json, sys
-        import datasets
-        ds = datasets.load_dataset("json", data_files=sys.argv[1:], split="train")
-        print(json.dumps({"rows": ds.num_rows, "columns": ds.column_names,
-                          "indexes": list(ds["prompt_index"])}))
-        """
-    )
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp / "hf")}
-    done = subprocess.run(
-        [sys.executable, "-c", script, *map(str, files)], env=env, capture_output=True, text=True, timeout=240
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def test_datasets_loads_the_reference_and_raygen_together(ours, tmp_path):
     reference = REFERENCE / "basic" / "trajectories.jsonl"
     for files in ((reference, ours), (ours, reference)):  # no CastError in either order
-        loaded = _load_together(tmp_path, *files)
-        assert loaded["rows"] == 20
+        loaded = load_json_with_datasets(tmp_path, *files)
+        assert loaded.get("rows") == 20, loaded
         assert loaded["columns"] == list(reference_records()[0])
 
 
 def test_raygen_records_do_not_load_with_the_reference(ours, tmp_path):
     """The check above can fail: raygen's own records (data/) are what the issue reported as a CastError."""
     raygen_jsonl = next((ours.parent / "data").glob("train-*.jsonl"))
-    script = "import datasets, sys\ndatasets.load_dataset('json', data_files=sys.argv[1:], split='train')\n"
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(REFERENCE / "basic" / "trajectories.jsonl"), str(raygen_jsonl)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode != 0
+    loaded = load_json_with_datasets(tmp_path, REFERENCE / "basic" / "trajectories.jsonl", raygen_jsonl)
+    assert "error" in loaded
 
 
 def test_statistics_have_the_reference_keys_and_types(ours):
