@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from raygen.errors import ConfigError
+from raygen.session.limits import stored_arguments
 from raygen.session.reasoning import split_reasoning
+from raygen.session.sharegpt import dialogue_turns
 
 FORMATS = ("raygen", "hermes")
 TRAJECTORIES_FILE = "trajectories.jsonl"
@@ -131,7 +133,10 @@ def assistant_turn(message: dict[str, Any]) -> str:
         text += visible + "\n"
     for call in calls:
         fn = call.get("function") or {}
-        payload = {"name": fn.get("name"), "arguments": _json_or_text(fn.get("arguments"))}
+        arguments = fn.get("arguments")
+        if isinstance(arguments, str):  # a huge argument is stored once, in messages (session/limits.py)
+            arguments = stored_arguments(arguments)
+        payload = {"name": fn.get("name"), "arguments": _json_or_text(arguments)}
         text += f"<tool_call>\n{_dumps(payload)}\n</tool_call>\n"
     return text.rstrip()
 
@@ -154,6 +159,15 @@ def tool_content(name: str, content: Any) -> Any:
         shaped.update((k, v) for k, v in value.items() if k not in shaped)
         return shaped
     return {**value, "error": value.get("error")}
+
+
+def _tool_payload(message: dict[str, Any]) -> dict[str, Any]:
+    name = message.get("name") or ""
+    return {
+        "tool_call_id": message.get("tool_call_id", ""),
+        "name": name,
+        "content": tool_content(name, message.get("content")),
+    }
 
 
 def _call_failed(shaped: Any) -> bool:
@@ -192,33 +206,20 @@ def convert(record: dict[str, Any], tools: list[str]) -> tuple[dict[str, Any], C
     messages = record.get("messages") or []
     system = next((m.get("content") for m in messages if m.get("role") == "system"), None)
     turns = [{"from": "system", "value": system_turn(offered_schemas(record), system)}]
+    turns += dialogue_turns(messages, assistant_turn, _tool_payload)
     offered = set(record.get("tools_offered") or [])
     stats = {name: {"count": 0, "success": 0, "failure": 0} for name in tools}
     invented: list[str] = []
     for message in messages:
-        role = message.get("role")
-        if role == "user":
-            turns.append({"from": "human", "value": message.get("content") or ""})
-        elif role == "assistant":
-            turns.append({"from": "gpt", "value": assistant_turn(message)})
-        elif role == "tool":
-            name = message.get("name") or ""
-            shaped = tool_content(name, message.get("content"))
-            block = (
-                "<tool_response>\n"
-                + _dumps({"tool_call_id": message.get("tool_call_id", ""), "name": name, "content": shaped})
-                + "\n</tool_response>"
-            )
-            if turns[-1]["from"] == "tool":
-                turns[-1]["value"] += "\n" + block
-            else:
-                turns.append({"from": "tool", "value": block})
-            if name not in offered:
-                invented.append(name)
-                continue
-            stat = stats.setdefault(name, {"count": 0, "success": 0, "failure": 0})
-            stat["count"] += 1
-            stat["failure" if _call_failed(shaped) else "success"] += 1
+        if message.get("role") != "tool":
+            continue
+        name = message.get("name") or ""
+        if name not in offered:
+            invented.append(name)
+            continue
+        stat = stats.setdefault(name, {"count": 0, "success": 0, "failure": 0})
+        stat["count"] += 1
+        stat["failure" if _call_failed(tool_content(name, message.get("content"))) else "success"] += 1
     hermes = {
         "prompt_index": int(record["prompt_index"]),
         "conversations": turns,

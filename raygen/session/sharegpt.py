@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from raygen.session.limits import stored_arguments
@@ -38,24 +39,34 @@ def to_sharegpt(messages: list[dict[str, Any]], tool_schemas: list[dict[str, Any
         system = f"{system}\n\n{tools_block}" if system else tools_block
     if system:
         turns.append({"from": "system", "value": system})
+    return turns + dialogue_turns(messages, _render_assistant, _tool_payload)
+
+
+def _tool_payload(message: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "tool_call_id": message.get("tool_call_id"),
+        "name": message.get("name"),
+        "content": _maybe_json(message.get("content")),
+    }
+
+
+def dialogue_turns(
+    messages: list[dict[str, Any]],
+    render_assistant: Callable[[dict[str, Any]], str],
+    tool_payload: Callable[[dict[str, Any]], dict[str, Any]],
+) -> list[dict[str, str]]:
+    """The human, gpt and tool turns of ``messages`` (system messages are the caller's): each assistant
+    message rendered by ``render_assistant``, each tool result as a ``<tool_response>`` block holding
+    ``tool_payload(message)``, consecutive results merged into one tool turn."""
+    turns: list[dict[str, str]] = []
     for message in messages:
         role = message.get("role")
         if role == "user":
             turns.append({"from": "human", "value": message.get("content") or ""})
         elif role == "assistant":
-            turns.append({"from": "gpt", "value": _render_assistant(message)})
+            turns.append({"from": "gpt", "value": render_assistant(message)})
         elif role == "tool":
-            block = (
-                "<tool_response>\n"
-                + _dumps(
-                    {
-                        "tool_call_id": message.get("tool_call_id"),
-                        "name": message.get("name"),
-                        "content": _maybe_json(message.get("content")),
-                    }
-                )
-                + "\n</tool_response>"
-            )
+            block = "<tool_response>\n" + _dumps(tool_payload(message)) + "\n</tool_response>"
             if turns and turns[-1]["from"] == "tool":
                 turns[-1]["value"] += "\n" + block
             else:
