@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from hostile_provider import HostileProvider
 
 from raygen.config import OpenAIModelConfig, ProviderConfig, SamplingConfig
 from raygen.errors import SessionFailure
@@ -49,21 +50,8 @@ def test_invalid_reasoning_options_are_refused():
         ProviderConfig(reasoning=False, reasoning_effort="high")
 
 
-async def _serve(handler) -> tuple[web.AppRunner, str]:
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
-
-
-async def test_options_reach_the_body_and_extra_body_wins():
-    bodies: list[dict[str, Any]] = []
-
-    async def handler(request: web.Request) -> web.Response:
-        bodies.append(await request.json())
+def _reply_with_provider(name: str):
+    async def step(request: web.Request, body: dict[str, Any]) -> web.Response:
         message = {"role": "assistant", "content": "hi"}
         return web.json_response(
             {
@@ -71,52 +59,44 @@ async def test_options_reach_the_body_and_extra_body_wins():
                 "object": "chat.completion",
                 "created": 0,
                 "model": "m",
-                "provider": "Upstream-B",
+                "provider": name,
                 "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
             }
         )
 
-    runner, url = await _serve(handler)
-    try:
+    return step
+
+
+async def _context_too_long(request: web.Request, body: dict[str, Any]) -> web.Response:
+    message = "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens."
+    error = {
+        "error": {"message": message, "type": "invalid_request_error", "code": "context_length_exceeded"}
+    }
+    return web.json_response(error, status=int(request.headers["x-test-status"]))
+
+
+async def test_options_reach_the_body_and_extra_body_wins():
+    async with HostileProvider([_reply_with_provider("Upstream-B")]) as server:
         provider = ProviderConfig(reasoning_effort="medium", providers_order=["x"], api_style="openrouter")
         sampling = SamplingConfig(extra_body={"reasoning": {"effort": "high", "exclude": True}})
-        model = OpenAIChatModel(
-            OpenAIModelConfig(model="m", base_url=url), sampling, api_key="k", base_url=url, provider=provider
-        )
+        config = OpenAIModelConfig(model="m", base_url=server.url)
+        model = OpenAIChatModel(config, sampling, api_key="k", base_url=server.url, provider=provider)
         completion = await model.complete([{"role": "user", "content": "q"}], [])
         await model.aclose()
-    finally:
-        await runner.cleanup()
-    assert bodies[0]["provider"] == {"order": ["x"]}
-    assert bodies[0]["reasoning"] == {"effort": "high", "exclude": True}  # the hand-written option wins
+    body = json.loads(server.bodies[0])
+    assert body["provider"] == {"order": ["x"]}
+    assert body["reasoning"] == {"effort": "high", "exclude": True}  # the hand-written option wins
     assert completion.extra["provider"] == "Upstream-B"
 
 
 @pytest.mark.parametrize("status", [400, 413])
 async def test_context_length_errors_fail_at_once(status):
-    calls = 0
-
-    async def handler(request: web.Request) -> web.Response:
-        nonlocal calls
-        calls += 1
-        message = "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens."
-        body = {
-            "error": {"message": message, "type": "invalid_request_error", "code": "context_length_exceeded"}
-        }
-        return web.Response(status=status, text=json.dumps(body), content_type="application/json")
-
-    runner, url = await _serve(handler)
-    try:
-        model = OpenAIChatModel(
-            OpenAIModelConfig(model="m", base_url=url, max_retries=5),
-            SamplingConfig(),
-            api_key="k",
-            base_url=url,
-        )
+    async with HostileProvider([_context_too_long]) as server:
+        config = OpenAIModelConfig(model="m", base_url=server.url, max_retries=5)
+        model = OpenAIChatModel(config, SamplingConfig(), api_key="k", base_url=server.url)
+        model.client = model.client.with_options(default_headers={"x-test-status": str(status)})
         with pytest.raises(SessionFailure) as info:
             await model.complete([{"role": "user", "content": "q"}], [])
         await model.aclose()
-    finally:
-        await runner.cleanup()
-    assert info.value.kind == "context_length" and calls == 1  # final: not retried
+    assert info.value.kind == "context_length" and server.requests == 1  # final: not retried
