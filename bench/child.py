@@ -11,15 +11,16 @@ from pathlib import Path
 
 from rich.console import Console
 
+from raygen.cli_report import ConsoleReporter, summary_rows
 from raygen.configfile import load_config
-from raygen.runner import run, summary_rows
+from raygen.runner import run
 
 
 def main(argv: list[str]) -> int:
     config_path, dataset = Path(argv[0]), argv[1]
     config = load_config(config_path, {"dataset": dataset})
-    result = run(config, console=Console(stderr=True, width=120))
-    for name, value in summary_rows(result):
+    result = run(config, reporter=ConsoleReporter(Console(stderr=True, width=120)))
+    for name, value in summary_rows(result.merge.stats if result.merge else {}):
         print(f"{name}: {value}")
     return 0
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import SecretStr
-from rich.console import Console
 
 from raygen.config import RunConfig
 from raygen.distributed.plan import WorkerPlan
 from raygen.generation import Generation, RunSecrets
 from raygen.model.endpoint import model_endpoint
+from raygen.reporting import RunReporter
 
 
 @dataclass
@@ -31,16 +31,16 @@ class RunServices:
 
 @contextmanager
 def run_services(
-    config: RunConfig, generation: Generation, secrets: RunSecrets, console: Console
+    config: RunConfig, generation: Generation, secrets: RunSecrets, reporter: RunReporter
 ) -> Iterator[RunServices]:
     from raygen.distributed.cluster import ensure_ray, shutdown_ray
     from raygen.distributed.governor import get_or_create_governor
     from raygen.distributed.monitor import GovernorMonitor
 
     with ExitStack() as stack:
-        reap(config, console)  # containers a killed earlier attempt of this run left behind
-        stack.callback(reap, config, console)
-        base_url = stack.enter_context(model_endpoint(config, console.print))
+        reap(config, reporter)  # containers a killed earlier attempt of this run left behind
+        stack.callback(reap, config, reporter)
+        base_url = stack.enter_context(model_endpoint(config, reporter.note))
         if ensure_ray(config.ray.address, metrics_export_port=config.ray.metrics_export_port):
             stack.callback(shutdown_ray)
         # Created by the driver so it lives exactly as long as the run (named: workers find it).
@@ -58,7 +58,7 @@ def run_services(
         yield RunServices(plan=plan, monitor=monitor)
 
 
-def reap(config: RunConfig, console: Console) -> None:
+def reap(config: RunConfig, reporter: RunReporter) -> None:
     """Remove this run's leftover containers on this node (no-op for backends without containers)."""
     if config.env.type not in ("docker", "singularity"):
         return
@@ -66,4 +66,4 @@ def reap(config: RunConfig, console: Console) -> None:
 
     removed = reap_containers(str(config.output.run_name), config.env)
     if removed:
-        console.print(f"removed {removed} leftover container(s) of run {config.output.run_name}")
+        reporter.note(f"removed {removed} leftover container(s) of run {config.output.run_name}")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from raygen.cli_report import ConsoleReporter
 from raygen.config import RunConfig
 from raygen.errors import InputError
 from raygen.runner import run
@@ -41,7 +42,7 @@ def config(tmp_path: Path, **hygiene) -> RunConfig:
 
 def test_warn_prints_masked_findings_and_goes_on(tmp_path):
     buffer = io.StringIO()
-    result = run(config(tmp_path), dry_run=True, console=Console(file=buffer, width=200))
+    result = run(config(tmp_path), dry_run=True, reporter=ConsoleReporter(Console(file=buffer, width=200)))
     text = buffer.getvalue()
     assert result.hygiene is not None and result.hygiene.secrets == {"AWS Access Key": 1}
     assert "prompts.jsonl:2: prompt: secret AWS Access Key: AK**" in text
@@ -53,13 +54,13 @@ def test_warn_prints_masked_findings_and_goes_on(tmp_path):
 def test_refuse_stops_before_anything_is_created(tmp_path):
     buffer = io.StringIO()
     with pytest.raises(InputError, match=r"hygiene\.on_findings is refuse") as info:
-        run(config(tmp_path, on_findings="refuse"), console=Console(file=buffer, width=200))
+        run(config(tmp_path, on_findings="refuse"), reporter=ConsoleReporter(Console(file=buffer, width=200)))
     assert [(p.line, p.kind) for p in info.value.problems] == [(2, "AWS Access Key")]
     assert AWS_KEY not in str(info.value) + buffer.getvalue() + "".join(map(str, info.value.problems))
     assert not (tmp_path / "runs").exists()
     # --limit 1 only sends the first (clean) row, so nothing is refused.
     limited = config(tmp_path, on_findings="refuse").model_copy(update={"limit": 1})
-    assert run(limited, dry_run=True, console=Console(file=io.StringIO())).pending == 1
+    assert run(limited, dry_run=True, reporter=ConsoleReporter(Console(file=io.StringIO()))).pending == 1
 
 
 @pytest.mark.slow  # a fresh interpreter importing the CLI: a few seconds
