@@ -209,9 +209,11 @@ class LocalEnvironment(Environment):
             groups=self._process_groups,
             whole_tree=not self._bwrap,
         )
-        # Background jobs keep the group alive: close() kills it then.
-        if not _group_alive(done.pgid):
-            self._process_groups.discard(done.pgid)
+        # Background jobs keep the group alive: close() kills it then. Groups that ended since (the
+        # subreaper's keeper leaves a moment after its command) are dropped now, so close() never signals
+        # a group id the system has given to someone else meanwhile (pid_max may be only 32768).
+        for pgid in [g for g in self._process_groups if not _group_alive(g)]:
+            self._process_groups.discard(pgid)
         return self._result(done.returncode, done.out, done.err, done.timed_out, time.monotonic() - started)
 
     def _result(
