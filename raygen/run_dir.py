@@ -17,6 +17,7 @@ from raygen.errors import RETRYABLE
 from raygen.output.hermes import hermes_options
 from raygen.output.merge import MergeResult, choose_finals, merge_run
 from raygen.output.run_dir import STATISTICS_FILE, RunDir
+from raygen.output.run_lock import lock_status
 from raygen.output.shards import ShardScanStats
 
 STATS_FILTERS = "filters"
@@ -83,12 +84,16 @@ class RunStatus:
     """Final failures: not retryable, or out of attempts."""
     pending: int = 0
     """Never finished, or failed with a retryable kind and attempts left (``--resume`` runs them)."""
+    driver: str | None = None
+    """The driver holding the run (``driver.lock``), when there is one: running, or dead and stale."""
 
-    def rows(self) -> list[tuple[str, int]]:
-        rows = [("total", self.total), ("kept", self.kept)]
+    def rows(self) -> list[tuple[str, int | str]]:
+        rows: list[tuple[str, int | str]] = [("total", self.total), ("kept", self.kept)]
         rows += [(f"rejected: {k}", v) for k, v in sorted(self.rejected.items())]
         rows += [(f"failed: {k}", v) for k, v in sorted(self.failed.items())]
         rows.append(("pending", self.pending))
+        if self.driver:
+            rows.append(("driver", self.driver))
         return rows
 
     def accounted(self) -> int:
@@ -113,4 +118,8 @@ def run_status(run_dir: RunDir | str | os.PathLike) -> RunStatus:
         else:
             st.failed[final.reason or "?"] = st.failed.get(final.reason or "?", 0) + 1
     st.pending += len(keys) - len(finals)
+    if (lock := lock_status(run_dir)) is not None:
+        holder, running = lock
+        state = "running" if running else "gone (its lock is taken over by the next run)"
+        st.driver = f"{state}: {holder.describe()}"
     return st

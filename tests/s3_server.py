@@ -96,9 +96,11 @@ class Relay:
         with contextlib.suppress(OSError):
             while data := src.recv(65536):
                 dst.sendall(data)
-        for sock in (src, dst):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)  # pass the end on; the other direction closes its own side
+        with self._lock:
+            self._conns.discard(src)
+        src.close()
 
     def cut(self) -> None:
         self._open.clear()
@@ -128,17 +130,22 @@ def s3_env(endpoint: str) -> dict[str, str]:
     }
 
 
-def make_bucket(endpoint: str, name: str) -> None:
+def client(endpoint: str):
+    """A boto3 client of the server: how the tests look at a bucket, independently of raygen."""
     import boto3
 
     env = s3_env(endpoint)
-    boto3.client(
+    return boto3.client(
         "s3",
         endpoint_url=endpoint,
         aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
         region_name=env["AWS_DEFAULT_REGION"],
-    ).create_bucket(Bucket=name)
+    )
+
+
+def make_bucket(endpoint: str, name: str) -> None:
+    client(endpoint).create_bucket(Bucket=name)
 
 
 @contextlib.contextmanager

@@ -46,23 +46,26 @@ SHARD_SUFFIX = ".jsonl"
 class RunDir:
     """One run folder, wherever it lives. ``str(run_dir)`` is the location as given (for messages)."""
 
-    def __init__(self, location: str | os.PathLike):
+    def __init__(self, location: str | os.PathLike, retry_s: float | None = None):
+        """``retry_s``: how long object-store writes wait for an unreachable store (default 60 s)."""
         text = os.fspath(location)
         self.location = text.rstrip("/") if is_object_store(text) else text
         self.storage: Storage
         self.storage, self.root = open_storage(self.location)
+        if retry_s is not None and not self.storage.local:
+            self.storage.retry_s = retry_s
 
     @classmethod
     def of(cls, where: RunDir | str | os.PathLike) -> RunDir:
         return where if isinstance(where, RunDir) else cls(where)
 
     @classmethod
-    def under(cls, output_dir: str | os.PathLike, run_name: str) -> RunDir:
+    def under(cls, output_dir: str | os.PathLike, run_name: str, retry_s: float | None = None) -> RunDir:
         """``OUTPUT_DIR/RUN_NAME``."""
         parent = os.fspath(output_dir)
         if is_object_store(parent):
-            return cls(parent.rstrip("/") + "/" + run_name)
-        return cls(Path(parent) / run_name)
+            return cls(parent.rstrip("/") + "/" + run_name, retry_s)
+        return cls(Path(parent) / run_name, retry_s)
 
     def __str__(self) -> str:
         return self.location
@@ -72,7 +75,11 @@ class RunDir:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Sent to Ray workers by location: each process opens its own storage client.
-        return (RunDir, (self.location,))
+        return (RunDir, (self.location, self.storage.retry_s))
+
+    def check(self) -> None:
+        """``ConfigError`` now, before any model call, if the storage cannot hold the run (no bucket)."""
+        self.storage.check(self.root)
 
     @property
     def is_local(self) -> bool:

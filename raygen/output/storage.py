@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 OBJECT_STORE_SCHEMES = ("s3", "gs", "gcs")
 TMP_SUFFIX = ".tmp"
 WRITE_RETRY_S = 60.0
-"""How long an object-store write keeps retrying while the store is unreachable."""
+"""Default of ``output.storage_retry_s``: how long an object-store write retries an unreachable store."""
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
