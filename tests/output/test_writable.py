@@ -8,6 +8,7 @@ with one line and no model call, on a first run and on a ``--resume``.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -18,8 +19,8 @@ import pytest
 import yaml
 
 from raygen.errors import ConfigError
-from raygen.output.writable import check_output_folder, check_run_name
-from tests.hostile_provider import HostileProvider, answer
+from raygen.output.writable import check_output_folder, check_run_name, storage_failure
+from tests.hostile_provider import HostileProvider, answer, tool_call
 
 
 @pytest.mark.parametrize("name", ["../x", "..", ".", "", "/tmp/abs", "a/b", "a\\b", "x\x00y"])
@@ -56,24 +57,42 @@ needs_mounts = pytest.mark.skipif(
 )
 
 
-def run_in_own_mounts(tmp_path: Path, url: str, mount: str, *extra: str) -> subprocess.CompletedProcess:
-    """``raygen run`` with --output-dir on a fresh tmpfs (``mount`` options), in a private mount namespace."""
+async def run_in_own_mounts(
+    tmp_path: Path,
+    url: str,
+    mount: str,
+    *extra: str,
+    fill: bool = True,
+    config: dict | None = None,
+    then_resume: bool = False,
+) -> subprocess.CompletedProcess:
+    """``raygen run`` with --output-dir on a fresh tmpfs (``mount`` options, filled up first with
+    ``fill``), in a private mount namespace; awaited, so the hostile provider keeps serving meanwhile.
+    ``then_resume``: afterwards ``--resume`` on the same mount, its output after a ``=== resume`` line."""
     dataset = tmp_path / "prompts.jsonl"
-    dataset.write_text('{"prompt": "one"}\n{"prompt": "two"}\n')
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"model": {"type": "openai", "base_url": url}, "env": {"type": "fake"}}))
+    if not dataset.exists():
+        dataset.write_text('{"prompt": "one"}\n{"prompt": "two"}\n')
+    config_path = tmp_path / "config.yaml"
+    base = {"model": {"type": "openai", "base_url": url}, "env": {"type": "fake"}}
+    config_path.write_text(yaml.safe_dump({**base, **(config or {})}))
     out = tmp_path / "mnt"
     out.mkdir(exist_ok=True)
-    raygen = [sys.executable, "-m", "raygen.cli", "run", str(dataset), "--config", str(config)]
+    raygen = [sys.executable, "-m", "raygen.cli", "run", str(dataset), "--config", str(config_path)]
+    filler = f"{{ dd if=/dev/zero of={out}/fill bs=4k 2>/dev/null; true; }} && " if fill else ""
     script = (
-        f"mount -t tmpfs -o {mount} tmpfs {out} && "
-        f"{{ dd if=/dev/zero of={out}/fill bs=4k 2>/dev/null; true; }} && "
+        f"mount -t tmpfs -o {mount} tmpfs {out} && {filler}"
         f"mount -o remount,$RO {out} && "
-        f'exec "$@" --output-dir {out} --run-name r1 {" ".join(extra)}'
+        f'"$@" --output-dir {out} --run-name r1 {" ".join(extra)}'
     )
+    if then_resume:
+        script += f'; echo "=== resume" >&2; "$@" --output-dir {out} --run-name r1 --resume'
     env = {**os.environ, "OPENAI_API_KEY": "sk-hostile", "RO": "ro" if "ro" in mount.split(",") else "rw"}
     argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *raygen]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env=env, cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), 300)
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout.decode(), stderr.decode())
 
 
 def error_lines(done: subprocess.CompletedProcess) -> list[str]:
@@ -84,7 +103,7 @@ def error_lines(done: subprocess.CompletedProcess) -> list[str]:
 @pytest.mark.parametrize("extra", [(), ("--resume",)])
 async def test_a_full_disk_fails_in_one_line_before_any_model_call(tmp_path: Path, extra: tuple[str, ...]):
     async with HostileProvider([answer()]) as provider:
-        done = run_in_own_mounts(tmp_path, provider.url, "size=1m", *extra)
+        done = await run_in_own_mounts(tmp_path, provider.url, "size=1m", *extra)
     assert done.returncode != 0
     [line] = error_lines(done)
     assert str(tmp_path / "mnt") in line and "no space left on the device" in line, done.stderr
@@ -94,7 +113,7 @@ async def test_a_full_disk_fails_in_one_line_before_any_model_call(tmp_path: Pat
 @needs_mounts
 async def test_a_read_only_output_folder_fails_in_one_line(tmp_path: Path):
     async with HostileProvider([answer()]) as provider:
-        done = run_in_own_mounts(tmp_path, provider.url, "size=1m,ro")
+        done = await run_in_own_mounts(tmp_path, provider.url, "size=1m,ro")
     [line] = error_lines(done)
     assert "read-only filesystem" in line and provider.requests == 0, done.stderr
 
@@ -112,3 +131,40 @@ async def test_a_run_name_climbing_out_fails_before_writing(tmp_path: Path):
         done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env={**os.environ})
     assert done.returncode != 0 and "--run-name '../escaped'" in done.stderr
     assert not (tmp_path / "escaped").exists() and provider.requests == 0
+
+
+@needs_mounts
+@pytest.mark.ray
+async def test_a_disk_filled_mid_run_fails_in_one_line_and_a_resume_spends_no_model_call(tmp_path: Path):
+    # The disk has room at the start (72 MiB); a hostile model's command fills it (the bare local backend
+    # can write anywhere the worker can), so the driver's next shard write meets ENOSPC. Then --resume on
+    # the same, still full disk.
+    out = tmp_path / "mnt"
+    fill = f"head -c 100M /dev/zero > {out}/filler; echo filled"
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "fill"}\n')
+    script = {"fill": [tool_call("terminal", {"command": fill}), answer()]}
+    config = {
+        "env": {"type": "local", "root": str(tmp_path / "workdirs")},
+        "ray": {"workers": 1, "sessions_per_worker": 2},
+        "retry": {"max_attempts": 1},
+    }
+    async with HostileProvider(script) as provider:
+        done = await run_in_own_mounts(
+            tmp_path, provider.url, "size=72m", fill=False, config=config, then_resume=True
+        )
+    first, resumed = done.stderr.split("=== resume\n")
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    [line] = [line for line in first.splitlines() if "no space left on the device" in line]
+    assert str(out) in line and "--resume" in line
+    [line] = [line for line in resumed.splitlines() if "output folder" in line]
+    assert "no space left on the device" in line or "MiB free" in line
+    assert done.returncode != 0 and provider.requests == 2  # the session's two calls; none on the resume
+
+
+def test_a_storage_failure_is_one_line_and_other_errors_are_not_hidden():
+    full = OSError(28, "No space left on device", "/runs/r1/shards/x.jsonl")
+    line = storage_failure(full)
+    assert line is not None and "\n" not in line
+    assert "/runs/r1/shards/x.jsonl" in line and "no space left on the device" in line and "--resume" in line
+    assert storage_failure(OSError(2, "No such file or directory", "x")) is None
+    assert storage_failure(ValueError("bug")) is None
