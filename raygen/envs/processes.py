@@ -121,6 +121,8 @@ async def run_captured(
             start_new_session=True,  # own process group: a timeout can kill every child at once
         )
     except OSError as exc:
+        if exc.errno == errno.E2BIG:  # the caller's (the model's) command is too long: not a lost sandbox
+            raise ValueError(f"command line too long to run ({sum(map(len, argv))} characters)") from None
         raise SessionFailure("env_lost", f"cannot start {argv[0]}: {exc}") from exc
     pgid = transport.get_pid()
     groups.add(pgid)

@@ -121,3 +121,10 @@ async def test_read_file_of_proc_self_environ_under_bwrap_reveals_nothing(
     assert record.exit_status == "completed" and record.tool_error_counts == {"execution": 1}
     assert "no such file" in record.messages[2]["content"]
     assert all(b"visible-only-to-the-worker" not in body for body in provider.bodies)
+
+
+async def test_an_over_long_search_pattern_is_a_tool_error_not_a_lost_environment(tmp_path: Path):
+    script = [tool_call("search_files", {"pattern": "x" * 300_000}), answer()]
+    record, _ = await run_session(script, tmp_path)
+    assert record.exit_status == "completed" and record.tool_error_counts == {"execution": 1}
+    assert "command line too long" in record.messages[2]["content"]
