@@ -33,6 +33,9 @@ _HEARTBEAT_S = 10.0
 is alive (a silent worker's reservations are freed after a minute)."""
 _LOOKAHEAD_S = 0.5
 """A refill asks for about this much of the worker's recent demand beyond the callers already waiting."""
+_OPEN_LEASE_FACTOR = 8
+"""While the governor paces nothing, leases may be this many times ``lease_size``: fewer remote calls for a
+run that never meets a limit (its slots go back at the first cut)."""
 _FALLBACK_INTERVAL_S = 1.0
 """With the governor unreachable, a worker admits one request per this interval rather than stalling."""
 
@@ -139,6 +142,7 @@ class GovernorClient:
         self._recent_tokens: deque[int] = deque(maxlen=64)
         self._fresh_demand = False  # a caller came since the last refill: only then lease ahead
         self._failures = 0
+        self._paced = True  # until the governor says otherwise
         self._closed = False
         self.stats = {"permits": 0, "remote_calls": 0, "wait_s": 0.0, "returned": 0, "rate_limited": 0}
         """Counters of this gate: permits handed out, remote calls made, time callers waited."""
@@ -298,7 +302,7 @@ class GovernorClient:
         if self._lookahead and self._fresh_demand and spare <= 1:
             recent = sum(1 for t in self._recent if now - t <= 1.0)
             ahead = math.ceil(recent * _LOOKAHEAD_S) - spare
-        count = min(self._lease_size, max(len(unserved), ahead))
+        count = min(self._lease_size * (1 if self._paced else _OPEN_LEASE_FACTOR), max(len(unserved), ahead))
         if count <= 0:
             return 0, 0.0
         avg = sum(self._recent_tokens) / len(self._recent_tokens) if self._recent_tokens else 0.0
@@ -336,6 +340,8 @@ class GovernorClient:
     def _absorb(self, lease: Lease) -> None:
         now = self._loop.time()
         self._last_contact = now
+        if lease.epoch >= 0:
+            self._paced = lease.paced
         if lease.epoch >= 0 and any(held.epoch < lease.epoch for held in self._leases):
             # The target was cut since these slots were granted: they belong to the rate that drew 429s.
             self._return_slots(lambda held: held.epoch < lease.epoch)

@@ -392,6 +392,10 @@ class GovernorPolicy:
             pause_s=max(0.0, self.paused_until - now),
             wait_hint_s=wait_hint_s,
             target_rpm=self.target_rpm,
+            paced=self._requests is not None
+            or self._tokens is not None
+            or self.config.max_in_flight is not None
+            or self._settling is not None,
         )
 
     def _cut(self, now: float, epoch: int, pause_s: float = 0.0) -> None:

@@ -48,6 +48,23 @@ async def run_load(gates: list[GovernorClient], tasks_per_gate: int, permits: in
     return state
 
 
+async def test_an_unpaced_governor_leases_in_large_batches_until_the_first_cut():
+    service = GovernorService(GovernorConfig())  # the default: watching, pacing nothing
+    gate = GovernorClient(service, lease_size=8)
+    await run_load([gate], tasks_per_gate=64, permits=1000)
+    unpaced = gate.stats["remote_calls"] / gate.stats["permits"]
+    print(f"\nin-process, nothing configured, 64 callers: {unpaced:.3f} remote calls per request")
+    assert unpaced < 0.05  # leases of up to 64, where a paced governor gives at most 8
+    gate.release(await gate.acquire(100), status=429, retry_after_s=0.01)
+    await gate.flush()
+    await asyncio.sleep(0.35)  # the governor settles, then paces: leases of at most lease_size again
+    calls = gate.stats["remote_calls"]
+    await run_load([gate], tasks_per_gate=64, permits=100, hold_s=0)
+    assert (await service.snapshot())["target_rpm"] is not None
+    assert gate.stats["remote_calls"] - calls >= 100 // 8
+    await gate.aclose()
+
+
 async def test_gate_batches_remote_calls_under_load():
     service = GovernorService(GovernorConfig(rpm=6000))
     gate = GovernorClient(service, lease_size=8)
