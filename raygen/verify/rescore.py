@@ -64,6 +64,10 @@ def rescore(
     run = RunDir.of(run_dir)
     config = read_run_config(run)
     source = Path(dataset or config.dataset or "")
+    if source.is_dir():  # a Harbor tasks folder, read as the run read it
+        from raygen.verify.harbor import tasks_to_jsonl
+
+        source, _ = tasks_to_jsonl(source, config.env.type)
     checks = dict(_checks(source, config.samples_per_prompt, config.verify.default))
     finals, _ = choose_finals(run, config.filters, run.read_keys(), ShardScanStats())
     records = []
