@@ -12,22 +12,43 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from raygen.cli_options import (
+    BestOf,
     ConfigSources,
     DatasetArg,
+    EphemeralSystemPrompt,
     FilterHallucinated,
     FilterIncomplete,
     FilterReasoning,
+    FilterTruncated,
     FilterUnsafe,
+    Groups,
+    MinReward,
     Opt,
+    OutputFormat,
+    PrefillMessages,
+    ProvidersAllowed,
+    ProvidersIgnored,
+    ProvidersOrder,
+    ProviderSort,
+    Reasoning,
+    ReasoningEffort,
+    RetryFailed,
     RunDirArg,
+    SamplesPerPrompt,
     Sets,
+    Stream,
     ToolsetPlugins,
     flag_overrides,
 )
+from raygen.cli_report import ConsoleReporter, summary_rows
 from raygen.configfile import load_config
+from raygen.drain import EXIT_RESUMABLE, StopNow
 from raygen.errors import ConfigError, InputError
+from raygen.output.storage import StorageError
+from raygen.verify.commands import verification_table
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Generate tool-using agent trajectories on Ray."
@@ -84,7 +105,9 @@ def run(
     ] = None,
     rpm: Annotated[float | None, Opt(help="Cluster-wide requests per minute."), Sets("governor.rpm")] = None,
     output_dir: Annotated[
-        Path | None, Opt(help="Parent folder of runs \\[runs]."), Sets("output.output_dir")
+        str | None,
+        Opt(help="Parent folder of runs: a path, or s3://... / gs://... \\[runs]."),
+        Sets("output.output_dir"),
     ] = None,
     run_name: Annotated[
         str | None, Opt(help="Run folder name \\[dataset name + timestamp]."), Sets("output.run_name")
@@ -95,10 +118,31 @@ def run(
         Opt(help="Attempts per sample on infrastructure failures [3]."),
         Sets("retry.max_attempts"),
     ] = None,
+    drain_timeout: Annotated[
+        float | None,
+        Opt(help="On SIGTERM/SIGINT/SIGUSR1, seconds the sessions in flight get to finish [60]; exit 75."),
+        Sets("retry.drain_timeout_s"),
+    ] = None,
     filter_reasoning: FilterReasoning = None,
     filter_hallucinated: FilterHallucinated = None,
     filter_incomplete: FilterIncomplete = None,
     filter_unsafe: FilterUnsafe = None,
+    filter_truncated: FilterTruncated = None,
+    min_reward: MinReward = None,
+    best_of: BestOf = None,
+    groups: Groups = None,
+    samples_per_prompt: SamplesPerPrompt = None,
+    output_format: OutputFormat = None,
+    reasoning_effort: ReasoningEffort = None,
+    reasoning: Reasoning = None,
+    providers_allowed: ProvidersAllowed = None,
+    providers_ignored: ProvidersIgnored = None,
+    providers_order: ProvidersOrder = None,
+    provider_sort: ProviderSort = None,
+    stream: Stream = None,
+    prefill_messages: PrefillMessages = None,
+    ephemeral_system_prompt: EphemeralSystemPrompt = None,
+    retry_failed: RetryFailed = None,
     resume: Annotated[bool, Opt(help="Continue the run folder: only pending samples run.")] = False,
     force: Annotated[bool, Opt(help="Resume even if the generation config changed.")] = False,
     dry_run: Annotated[bool, Opt(help="Validate and plan; print the resolved config; run nothing.")] = False,
@@ -136,18 +180,26 @@ def run(
             force=force,
             dry_run=dry_run,
             allow_unsafe_local=allow_unsafe_local,
-            console=err,
+            reporter=ConsoleReporter(err),
         )
     except (ConfigError, InputError) as exc:
         _fail(exc)
+    except StopNow as exc:  # a second signal during a drain: what is durable stays, --resume goes on
+        err.print(f"{exc}; resume with --resume", highlight=False)
+        raise typer.Exit(EXIT_RESUMABLE) from None
+    except StorageError as exc:  # the run's storage stayed unreachable: what is stored stays
+        err.print(Text.assemble(("error", "bold red"), f": {exc}; --resume continues once it is back"))
+        raise typer.Exit(EXIT_RESUMABLE) from None
     if result.merge is not None:
         _print_summary(result)
+    if result.incomplete:
+        raise typer.Exit(EXIT_RESUMABLE)
 
 
 def _print_summary(result: Any) -> None:
     stats = result.merge.stats
     table = Table(title=f"run {result.run_dir.name}", show_header=False)
-    for label, value in _summary_rows(stats):
+    for label, value in summary_rows(stats):
         table.add_row(label, str(value))
     err.print(table)
     tools = stats.get("tools", {})
@@ -165,22 +217,12 @@ def _print_summary(result: Any) -> None:
                 "-" if rate is None else f"{rate:.1%}",
             )
         err.print(t)
-    err.print(f'output: {result.run_dir}/data (load with datasets.load_dataset("{result.run_dir}/data"))')
-
-
-def _summary_rows(stats: dict[str, Any]) -> list[tuple[str, Any]]:
-    counts = stats.get("counts", {})
-    rows: list[tuple[str, Any]] = [("total", counts.get("total", 0)), ("kept", counts.get("kept", 0))]
-    rows += [(f"rejected: {k}", v) for k, v in sorted(counts.get("rejected", {}).items())]
-    rows += [(f"failed: {k}", v) for k, v in sorted(counts.get("failed", {}).items())]
-    tokens = stats.get("tokens", {})
-    rows.append(
-        ("tokens (prompt / completion)", f"{tokens.get('prompt', 0)} / {tokens.get('completion', 0)}")
-    )
-    reasoning = stats.get("reasoning", {})
-    if reasoning.get("coverage") is not None:
-        rows.append(("reasoning coverage (turns)", f"{reasoning['coverage']:.1%}"))
-    return rows
+    if (rewards := verification_table(stats)) is not None:
+        err.print(rewards)
+    data = result.run_dir.describe("data")
+    # An object store needs its fsspec driver (s3fs, gcsfs) and the builder named (docs/resume.md).
+    how = f'"{data}"' if result.run_dir.is_local else f'"parquet", data_files="{data}/*.parquet"'
+    err.print(f"output: {data} (load with datasets.load_dataset({how}))", highlight=False)
 
 
 @app.command()
@@ -242,19 +284,27 @@ def merge(
     filter_hallucinated: FilterHallucinated = None,
     filter_incomplete: FilterIncomplete = None,
     filter_unsafe: FilterUnsafe = None,
+    filter_truncated: FilterTruncated = None,
+    min_reward: MinReward = None,
+    best_of: BestOf = None,
+    groups: Groups = None,
+    output_format: OutputFormat = None,
 ) -> None:
-    """Re-run the filtered merge from the shards (no model calls), e.g. with other filters."""
+    """Re-run the filtered merge from the shards (no model calls), e.g. with other filters or
+    --format hermes."""
     overrides = flag_overrides(merge, locals()).get("filters", {})
     from raygen.run_dir import remerge
 
     try:
-        result = remerge(run_dir, overrides)
+        result = remerge(run_dir, overrides, output_format=output_format)
     except (ConfigError, OSError) as exc:
         _fail(exc)
     table = Table(title=f"merged {run_dir}", show_header=False)
-    for label, value in _summary_rows(result.stats):
+    for label, value in summary_rows(result.stats):
         table.add_row(label, str(value))
     err.print(table)
+    if (rewards := verification_table(result.stats)) is not None:
+        err.print(rewards)
 
 
 @app.command()
@@ -337,7 +387,7 @@ def _register_extensions() -> None:
                 raise
 
 
-_EXTENSIONS: list[str] = ["raygen.eval.commands", "raygen.hygiene.commands"]
+_EXTENSIONS: list[str] = ["raygen.eval.commands", "raygen.hygiene.commands", "raygen.verify.commands"]
 _register_extensions()
 
 

@@ -9,37 +9,36 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from contextlib import ExitStack
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
-from rich.console import Console
-
 from raygen.config import RunConfig
+from raygen.drain import Drain
 from raygen.errors import ConfigError, InputError
-from raygen.generation import GenerationSetup, resume_check
+from raygen.generation import Generation, RunSecrets, resume_check
 from raygen.hygiene import (
     HygieneReport,
     count_secret_leaks,
-    host_secret_values,
     row_secret_values,
     scan_hygiene,
 )
 from raygen.input.rows import Sample
 from raygen.input.validate import DatasetReport, iter_samples, scan_dataset
 from raygen.ledger import Ledger, worker_lost_record
-from raygen.output.filters import classify
-from raygen.output.manifest import build_manifest, utc_now, write_json_atomic
+from raygen.output.hermes import hermes_options
+from raygen.output.manifest import build_manifest, utc_now
 from raygen.output.merge import MergeResult, merge_run
-from raygen.output.shards import ShardWriter
-from raygen.output.stats import StatsAccumulator
-from raygen.output.summary import SessionSummary, summarize
-from raygen.progress import RunProgress
-from raygen.run_dir import write_keys
+from raygen.output.run_dir import MANIFEST_FILE, STATISTICS_FILE, RunDir
+from raygen.output.run_lock import RunLock
+from raygen.output.summary import summarize
+from raygen.reporting import RunReporter
+from raygen.run_services import RunServices, run_services
+from raygen.sink import ResultSink
+from raygen.verify.prepare import prepare_dataset
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +47,15 @@ _LOST = "no result came back: the worker running it died and Ray's task retries 
 
 @dataclass
 class RunResult:
-    run_dir: Path
+    run_dir: RunDir
     report: DatasetReport
     sessions_run: int = 0
     merge: MergeResult | None = None
     dry_run: bool = False
     pending: int = 0
-    notes: list[str] = field(default_factory=list)
     hygiene: HygieneReport | None = None
+    incomplete: bool = False
+    """A signal drained the run before every sample ran: ``--resume`` finishes it (exit code 75)."""
 
 
 def default_run_name(dataset: Path) -> str:
@@ -69,99 +69,152 @@ def run(
     force: bool = False,
     dry_run: bool = False,
     allow_unsafe_local: bool = False,
-    console: Console | None = None,
+    reporter: RunReporter | None = None,
 ) -> RunResult:
-    console = console or Console(stderr=True)
+    """Run ``config`` (see the module docstring). What the run has to say goes to ``reporter``: the CLI
+    renders it; the default writes it to the ``raygen`` logger."""
+    with ExitStack() as held:  # what the run holds until it returns, however it ends (the run lock)
+        return _run(
+            config,
+            held,
+            resume=resume,
+            force=force,
+            dry_run=dry_run,
+            allow_unsafe_local=allow_unsafe_local,
+            reporter=reporter or RunReporter(),
+        )
+
+
+def _run(
+    config: RunConfig,
+    held: ExitStack,
+    *,
+    resume: bool,
+    force: bool,
+    dry_run: bool,
+    allow_unsafe_local: bool,
+    reporter: RunReporter,
+) -> RunResult:
     if config.dataset is None:
         raise ConfigError("no dataset given")
     dataset = Path(config.dataset)
-    setup = GenerationSetup.build(config)
+    generation = Generation.build(config)
+    secrets = RunSecrets.from_environment(config)  # a missing API key stops the run before anything else
+    dataset = prepare_dataset(config, dataset, reporter)  # a Harbor tasks folder becomes a prompts file
 
-    report = scan_dataset(dataset, known_toolsets=set(setup.registry.toolset_names()))
-    for line in report.summary_lines():
-        console.print(line, highlight=False)
-    for notice in report.notices:
-        console.print(f"[yellow]warning[/]: {notice}")
+    report = scan_dataset(dataset, known_toolsets=set(generation.registry.toolset_names()))
+    reporter.dataset_checked(report)
     report.raise_if_invalid()
-    hygiene = _check_hygiene(config, dataset, console)
-    setup.secret_values.extend(host_secret_values(config.session.secret_env))
+    hygiene = _check_hygiene(config, dataset, reporter)
 
     if resume and not config.output.run_name:
         raise ConfigError("--resume needs --run-name (or output.run_name): the run folder to continue")
     run_name = config.output.run_name or default_run_name(dataset)
     config = config.model_copy(update={"output": config.output.model_copy(update={"run_name": run_name})})
-    run_dir = Path(config.output.output_dir) / run_name
-    manifest_path = run_dir / "manifest.json"
-    if resume and not manifest_path.exists() and not (run_dir / "shards").exists():
+    run_dir = RunDir.under(config.output.output_dir, run_name, config.output.storage_retry_s)
+    run_dir.check()
+    has_manifest = run_dir.exists(MANIFEST_FILE)
+    if resume and not has_manifest and not run_dir.list_shards():
         # Killed before its manifest was written: nothing was recorded, so resuming is starting.
-        console.print(f"--resume: {run_dir} holds no run yet; starting it", highlight=False)
+        reporter.note(f"--resume: {run_dir} holds no run yet; starting it")
     elif resume:
-        if not manifest_path.exists():
-            raise ConfigError(f"--resume: {run_dir} has no manifest.json; nothing to resume")
-        resume_check(manifest_path, setup, force=force)
-    elif run_dir.exists() and any(run_dir.iterdir()):
+        if not has_manifest:
+            raise ConfigError(f"--resume: {run_dir} has no {MANIFEST_FILE}; nothing to resume")
+        resume_check(run_dir.read_json(MANIFEST_FILE), generation, force=force)
+    elif not run_dir.is_empty():
         raise ConfigError(
             f"{run_dir} already exists; pass --resume to continue it, or choose another --run-name"
         )
 
+    if not dry_run:  # one driver per run: taken before the ledger is read, held until the last write
+        lock = held.enter_context(RunLock(run_dir).hold())
+        if lock.taken_over is not None:
+            reporter.note(f"{run_dir}: taking over from {lock.taken_over.describe()}: gone")
     ledger = Ledger.scan(run_dir) if resume else Ledger()
     max_attempts = config.retry.max_attempts
-    expected, pending, isolation_rows = _plan_samples(config, dataset, setup, ledger, max_attempts)
+    if config.retry.retry_failed:
+        _reopen_failures(config, ledger, resume, reporter)
+    expected, pending, isolation_rows = _plan_samples(config, dataset, generation, ledger, max_attempts)
     result = RunResult(run_dir=run_dir, report=report, pending=pending, dry_run=dry_run, hygiene=hygiene)
     _check_isolation(config, isolation_rows, allow_unsafe_local)
-    console.print(
-        f"run {run_name}: {len(expected)} samples, {len(expected) - pending} already done, {pending} to run",
-        highlight=False,
+    reporter.note(
+        f"run {run_name}: {len(expected)} samples, {len(expected) - pending} already done, {pending} to run"
     )
     if dry_run:
-        console.print(
+        reporter.note(
             f"dry run: at most {pending * config.session.max_turns} model calls "
-            f"({pending} sessions x max_turns {config.session.max_turns}); nothing was run",
-            highlight=False,
+            f"({pending} sessions x max_turns {config.session.max_turns}); nothing was run"
         )
         return result
 
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.create()
     started = utc_now()
     manifest = build_manifest(
         run_name=run_name,
         dataset={"path": str(dataset.resolve()), "sha256": report.sha256, "rows": report.rows},
         config=config.model_dump(mode="json"),
-        model=setup.model_name,
-        base_url=config.model.base_url if config.model.type == "openai" else None,
-        config_fingerprint=setup.fingerprint,
-        generation=setup.generation,
+        model=generation.model_name,
+        base_url=getattr(config.model, "base_url", None),
+        config_fingerprint=generation.fingerprint,
+        generation=generation.settings,
         started_at=started,
         ended_at=None,
         resumed=resume,
     )
-    write_json_atomic(manifest_path, manifest)
-    write_keys(run_dir, expected)
+    run_dir.write_json(MANIFEST_FILE, manifest)
+    run_dir.write_keys(expected)
 
     live: dict[str, Any] = {}
-    if pending:
-        result.sessions_run = _execute(config, setup, dataset, run_dir, ledger, pending, console, live)
+    with Drain(config.retry.drain_timeout_s) as drain:  # SIGTERM/SIGINT/SIGUSR1: finish, merge, exit 75
+        if pending:
+            samples = _pending_samples(config, dataset, generation, ledger)
+            result.sessions_run, live = _execute(
+                config, generation, secrets, samples, run_dir, ledger, reporter, drain
+            )
+            left = sum(ledger.next_attempt(key, max_attempts) is not None for key in expected)
+            result.incomplete = drain.requested and left > 0
+            if result.incomplete:
+                reporter.note(
+                    f"{drain.signal_name}: stopped after the sessions in flight; {left} samples left for "
+                    "--resume"
+                )
 
-    merge = merge_run(run_dir, config.filters, config.output.data_shard_records, expected_keys=expected)
-    merge.stats["hygiene"] = {**hygiene.statistics(), **_leak_check(config, dataset, setup, run_dir, console)}
-    if live:
-        # statistics.json describes the dataset (final records); these describe this invocation's work.
-        merge.stats["this_invocation"] = live
-    write_json_atomic(run_dir / "statistics.json", merge.stats)
-    result.merge = merge
-    manifest["ended_at"] = utc_now()
-    write_json_atomic(manifest_path, manifest)
+        merge = merge_run(
+            run_dir,
+            config.filters,
+            config.output.data_shard_records,
+            expected_keys=expected,
+            hermes=hermes_options(config, run_dir),
+        )
+        leaks = _leak_check(config, dataset, secrets, run_dir, reporter)
+        merge.stats["hygiene"] = {**hygiene.statistics(), **leaks}
+        if live:
+            # statistics.json describes the dataset (final records); these describe this invocation's work.
+            merge.stats["this_invocation"] = live
+        run_dir.write_json(STATISTICS_FILE, merge.stats)
+        result.merge = merge
+        manifest["ended_at"] = utc_now()
+        run_dir.write_json(MANIFEST_FILE, manifest)
     return result
 
 
+def _reopen_failures(config: RunConfig, ledger: Ledger, resume: bool, reporter: RunReporter) -> None:
+    """``--retry-failed KIND[,KIND]``: final failures of those kinds run again (see ``Ledger.reopen``)."""
+    kinds = config.retry.retry_failed
+    if not resume:
+        raise ConfigError("--retry-failed re-runs failures of an earlier run: it needs --resume")
+    reopened = ledger.reopen(kinds, config.retry.max_attempts)
+    reporter.note(f"--retry-failed {','.join(kinds)}: {reopened} failed samples run again")
+
+
 def _plan_samples(
-    config: RunConfig, dataset: Path, setup: GenerationSetup, ledger: Ledger, max_attempts: int
+    config: RunConfig, dataset: Path, generation: Generation, ledger: Ledger, max_attempts: int
 ) -> tuple[set[str], int, int]:
     """One streaming pass: every sample key of the dataset, how many are pending, and how many rows
     need an isolated environment."""
     expected: set[str] = set()
     pending = isolation = 0
-    for sample in _samples(config, dataset, setup):
+    for sample in _samples(config, dataset, generation):
         expected.add(sample.sample_key)
         if ledger.next_attempt(sample.sample_key, max_attempts) is not None:
             pending += 1
@@ -170,22 +223,31 @@ def _plan_samples(
     return expected, pending, isolation
 
 
-def _samples(config: RunConfig, dataset: Path, setup: GenerationSetup) -> Iterator[Sample]:
-    return iter_samples(dataset, run_seed=config.seed, distribution=setup.distribution, limit=config.limit)
+def _samples(config: RunConfig, dataset: Path, generation: Generation) -> Iterator[Sample]:
+    return iter_samples(
+        dataset,
+        run_seed=config.seed,
+        distribution=generation.distribution,
+        limit=config.limit,
+        samples_per_prompt=config.samples_per_prompt,
+    )
 
 
-def _check_hygiene(config: RunConfig, dataset: Path, console: Console) -> HygieneReport:
+def _pending_samples(
+    config: RunConfig, dataset: Path, generation: Generation, ledger: Ledger
+) -> Iterator[Sample]:
+    """The samples not done yet, each as the attempt it runs next (read as the first pass consumes it)."""
+    for sample in _samples(config, dataset, generation):
+        if (attempt := ledger.next_attempt(sample.sample_key, config.retry.max_attempts)) is not None:
+            yield sample.model_copy(update={"attempt": attempt})
+
+
+def _check_hygiene(config: RunConfig, dataset: Path, reporter: RunReporter) -> HygieneReport:
     """Secrets, personal data and eval-set rows in the prompts that will run, before any model call:
-    printed (values masked) as warnings, or refused with ``hygiene.on_findings: refuse``."""
-    from raygen.hygiene.commands import print_hygiene
-
+    reported (values masked) as warnings, or refused with ``hygiene.on_findings: refuse``."""
     report = scan_hygiene(dataset, config.hygiene, limit=config.limit, secret_env=config.session.secret_env)
     refuse = report.has_findings and config.hygiene.on_findings == "refuse"
-    if report.has_findings and not refuse:
-        print_hygiene(report, console)
-    else:
-        for line in report.summary_lines():
-            console.print(line, highlight=False, markup=False, soft_wrap=True)
+    reporter.hygiene_checked(report, refused=refuse)
     if refuse:
         raise InputError(
             f"{dataset}: the prompts hold secrets, personal data or eval-set rows and hygiene.on_findings "
@@ -196,23 +258,22 @@ def _check_hygiene(config: RunConfig, dataset: Path, console: Console) -> Hygien
 
 
 def _leak_check(
-    config: RunConfig, dataset: Path, setup: GenerationSetup, run_dir: Path, console: Console
+    config: RunConfig, dataset: Path, secrets: RunSecrets, run_dir: RunDir, reporter: RunReporter
 ) -> dict[str, Any]:
     """Count secret values (API key, values of ``session.secret_env`` variables) in the run's output."""
-    values = set(setup.secret_values) | row_secret_values(dataset, config.session.secret_env, config.limit)
+    values = set(secrets.values) | row_secret_values(dataset, config.session.secret_env, config.limit)
     leaks = count_secret_leaks(run_dir, values)
     if leaks["secret_leaks"]:
-        console.print(
-            f"[bold red]warning[/]: {leaks['secret_leaks']} occurrence(s) of secret values in the output "
-            f"({leaks['secret_leaks_by_folder']}); see statistics.json hygiene",
-            highlight=False,
+        reporter.warning(
+            f"{leaks['secret_leaks']} occurrence(s) of secret values in the output "
+            f"({leaks['secret_leaks_by_folder']}); see statistics.json hygiene"
         )
     return leaks
 
 
 def _check_isolation(config: RunConfig, rows: int, allowed: bool) -> None:
     """Destructive prompts never run unconfined on the host with a real model."""
-    real_model = config.model.type == "openai" and config.model.base_url is not None
+    real_model = config.model.type == "openai"
     unconfined = config.env.type == "local" and not getattr(config.env, "bwrap", False)
     if rows and real_model and unconfined and not allowed:
         raise ConfigError(
@@ -224,125 +285,73 @@ def _check_isolation(config: RunConfig, rows: int, allowed: bool) -> None:
 
 def _execute(
     config: RunConfig,
-    setup: GenerationSetup,
-    dataset: Path,
-    run_dir: Path,
+    generation: Generation,
+    secrets: RunSecrets,
+    samples: Iterator[Sample],
+    run_dir: RunDir,
     ledger: Ledger,
-    pending: int,
-    console: Console,
-    live: dict[str, Any],
-) -> int:
-    """Run passes until nothing is pending; returns the number of sessions run. ``live`` receives what
-    only the live run knows (statistics of every attempt, the governor's history)."""
-    from raygen.distributed.cluster import ensure_ray, shutdown_ray
-    from raygen.distributed.governor import get_or_create_governor
-    from raygen.distributed.monitor import GovernorMonitor
-    from raygen.distributed.pipeline import run_pipeline, write_pending
-    from raygen.distributed.plan import WorkerPlan
+    reporter: RunReporter,
+    drain: Drain,
+) -> tuple[int, dict[str, Any]]:
+    """Run ``samples`` (the pending ones, as their next attempt) in passes until nothing is pending or
+    ``drain`` is requested, within the run's services. Returns the number of sessions run and what only
+    the live run knows (statistics of every attempt, the governor's history)."""
+    from raygen.distributed.pipeline import write_pending
 
-    sim = None
-    base_url = config.model.base_url if config.model.type == "openai" else None
-    if config.model.type == "openai" and base_url is None:
-        from raygen.sim.server import start_subprocess
-
-        sim = start_subprocess(config.sim)
-        base_url = sim.url
-        console.print(f"no --base-url: using the built-in simulator at {base_url} (no API key needed)")
-    started_ray = False
-    writer = ShardWriter(
-        run_dir,
-        f"driver-{uuid.uuid4().hex[:12]}",
-        config.output.shard_max_records,
-        config.output.shard_flush_s,
-    )
-    ran = 0
-    attempts = StatsAccumulator()  # every attempt of this invocation, from the summaries Ray delivers
-    monitor = None
-    _reap(config, console)  # containers a killed earlier attempt of this run left behind
-    try:
-        started_ray = ensure_ray(config.ray.address)
-        # Created by the driver so it lives exactly as long as the run (named: workers find it).
-        monitor = GovernorMonitor(
-            get_or_create_governor(config.governor, base_url, config.model.model, setup.api_key)
-        )
-        plan = WorkerPlan(
-            config=config,
-            run_name=str(config.output.run_name),
-            base_url=base_url,
-            api_key=SecretStr(setup.api_key),
-            config_fingerprint=setup.fingerprint,
-            secret_values=[SecretStr(v) for v in setup.secret_values],
-        )
-        for pass_no in range(1, config.retry.max_attempts + 1):
-            samples = (
-                s.model_copy(update={"attempt": attempt})
-                for s in _samples(config, dataset, setup)
-                if (attempt := ledger.next_attempt(s.sample_key, config.retry.max_attempts)) is not None
-            )
-            # One chunk is one Ray task, whose results reach the driver only when it ends: a chunk of one
-            # actor's worth of sessions keeps actors full yet bounds what a crash loses (docs/resume.md).
-            chunk = config.ray.sessions_per_worker
-            files, count = write_pending(samples, run_dir / "work", chunk, alone=ledger.lost_worker_before)
-            if not count:
-                break
-            if pass_no > 1:
-                console.print(f"pass {pass_no}: retrying {count} samples after infrastructure failures")
-                time.sleep(config.retry.pass_delay_s * 2 ** (pass_no - 2))  # backoff: 1x, 2x, 4x ...
-            with RunProgress(count, console) as progress:
-                kept = rejected = 0
-
-                def on_result(record_json: str, summary: SessionSummary) -> None:
-                    nonlocal kept, rejected
-                    writer.add(record_json)
-                    ledger.record(summary.sample_key, summary.attempt, summary.exit_status)
-                    outcome, reason = classify(summary, config.filters)
-                    kept += outcome == "kept"
-                    rejected += outcome == "rejected"
-                    progress.extra = f"kept {kept} rejected {rejected}" + (
-                        f" | {gov}" if (gov := monitor.line()) else ""
-                    )
-                    attempts.add(summary, outcome, reason)
-                    progress.update(summary.exit_status)
-
-                run_pipeline(plan, files, on_result)
-                for lost in ledger.undelivered(files):  # Ray gave up on their worker: a retryable failure
-                    record = worker_lost_record(
-                        lost, model=setup.model_name, config_fingerprint=setup.fingerprint, detail=_LOST
-                    )
-                    on_result(record.model_dump_json(), summarize(record))
-                ran += progress.done
-            writer.flush()
-        live["attempts"] = attempts.to_dict()
-        if monitor is not None and (governor := monitor.report()) is not None:
+    work = run_dir.work_dir()  # on the driver's local disk, whatever storage holds the run
+    with run_services(config, generation, secrets, reporter) as services:
+        drain.install()  # over the SIGTERM handler ray.init set
+        sink = ResultSink(run_dir, ledger, config, reporter, services.monitor.line)
+        try:
+            for pass_no in range(1, config.retry.max_attempts + 1):
+                if drain.requested:
+                    break
+                # One chunk is one Ray task: one actor's worth of sessions keeps the actors full (a task
+                # re-run after its actor died skips the sessions that had finished: control.py).
+                files, count = write_pending(
+                    samples,
+                    work,
+                    config.ray.sessions_per_worker,
+                    alone=ledger.lost_worker_before,
+                    name=f"pass{pass_no}",
+                )
+                if not count:
+                    break
+                if pass_no > 1:
+                    reporter.note(f"pass {pass_no}: retrying {count} samples after infrastructure failures")
+                    time.sleep(config.retry.pass_delay_s * 2 ** (pass_no - 2))  # backoff: 1x, 2x, 4x ...
+                _run_pass(services, sink, generation, files, count, drain)
+                # The next pass is planned from this one's files: only their samples can still be pending.
+                samples = ledger.still_pending(files, config.retry.max_attempts)
+        finally:
+            sink.close()
+            for leftover in work.glob("*.jsonl"):
+                leftover.unlink()
+        live = sink.live_statistics()
+        if (governor := services.monitor.report()) is not None:
             live["governor"] = governor
-    finally:
-        writer.close()
-        for leftover in (run_dir / "work").glob("pending-*.jsonl"):
-            leftover.unlink()
-        if started_ray:
-            shutdown_ray()
-        if sim is not None:
-            sim.stop()
-        _reap(config, console)
-    return ran
+    return sink.sessions, live
 
 
-def _reap(config: RunConfig, console: Console) -> None:
-    """Remove this run's leftover containers on this node (no-op for backends without containers)."""
-    if config.env.type not in ("docker", "singularity"):
-        return
-    from raygen.envs.images import reap
+def _run_pass(
+    services: RunServices,
+    sink: ResultSink,
+    generation: Generation,
+    files: list[Path],
+    count: int,
+    drain: Drain,
+) -> None:
+    """One pass over the samples in ``files``: each finished session into the sink, then each sample
+    that never came back recorded as a retryable ``error:worker_lost`` (unless a drain stopped the pass:
+    those samples simply stay pending)."""
+    from raygen.distributed.pipeline import run_pipeline
 
-    removed = reap(str(config.output.run_name), config.env)
-    if removed:
-        console.print(f"removed {removed} leftover container(s) of run {config.output.run_name}")
-
-
-def summary_rows(result: RunResult) -> list[tuple[str, Any]]:
-    if result.merge is None:
-        return []
-    counts = result.merge.stats.get("counts", {})
-    rows: list[tuple[str, Any]] = [("total", counts.get("total")), ("kept", counts.get("kept"))]
-    rows += [(f"rejected: {k}", v) for k, v in sorted(counts.get("rejected", {}).items())]
-    rows += [(f"failed: {k}", v) for k, v in sorted(counts.get("failed", {}).items())]
-    return rows
+    with sink.progress(count):
+        run_pipeline(services.plan, files, sink.add, tick=sink.tick, drain=drain)
+        lost_samples = () if drain.requested else sink.ledger.undelivered(files)
+        for lost in lost_samples:  # Ray gave up on their worker
+            record = worker_lost_record(
+                lost, model=generation.model_name, config_fingerprint=generation.fingerprint, detail=_LOST
+            )
+            sink.add(record.model_dump_json(), summarize(record))
+    sink.flush()

@@ -1,8 +1,10 @@
-"""The Ray Data pipeline: pending samples -> session actors -> (record, summary) stream to the driver.
+"""The Ray Data pipeline: pending samples -> session actors -> each finished session to the driver.
 
 The driver writes the pending samples into chunk files under the run's ``work/`` folder and Ray reads
-them itself (``read_text``), so the prompt set is streamed, never held whole in the driver. Results are
-consumed as they come (``iter_batches``) and handed to ``on_result``, which writes shards and statistics.
+them itself (``read_text``), so the prompt set is streamed, never held whole in the driver. Ray Data
+schedules the samples onto the session actors; each finished session's record comes back through the
+run's control actor (``control.py``: not Ray Data's output, which waits for whole tasks) and is handed
+to ``on_result`` as it arrives, which writes shards and statistics.
 """
 
 from __future__ import annotations
@@ -10,16 +12,20 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import ray
 import ray.data
 
 from raygen.distributed.cluster import session_actor_resources
+from raygen.distributed.control import start_control
 from raygen.distributed.plan import WorkerPlan
 from raygen.distributed.worker import SessionWorker
+from raygen.drain import Drain
 from raygen.input.rows import Sample
 from raygen.output.summary import SessionSummary
 
@@ -33,6 +39,9 @@ _TASKS_PER_ACTOR = 2
 # the block, the run goes on, and the driver records its samples as ``error:worker_lost`` (retryable up
 # to retry.max_attempts). Ray Data's default (retry forever) would loop on a sample that kills its actor.
 _TASK_RETRIES = 2
+# Longest wait for a finished record in one call to the control actor: bounds how late a time-based
+# flush and a drain's checks run.
+_TAKE_WAIT_S = 0.2
 # max_task_retries has no named map_batches parameter yet (Ray 2.60), only the deprecated **ray_remote_args.
 warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated", module=__name__)
 
@@ -42,14 +51,16 @@ def write_pending(
     work_dir: Path,
     chunk_rows: int,
     alone: Callable[[Sample], bool] | None = None,
+    name: str = "pending",
 ) -> tuple[list[Path], int]:
-    """Write samples as JSONL chunk files; returns the files and the number of samples.
+    """Write samples as JSONL chunk files ``<name>-<n>.jsonl``, replacing earlier ones of that name;
+    returns the files and the number of samples.
 
     A chunk is one Ray task, and a task whose worker keeps dying is given up as a whole, so samples for
     which ``alone(sample)`` is true (their worker was lost before) get a chunk of their own.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
-    for old in work_dir.glob("pending-*.jsonl"):
+    for old in work_dir.glob(f"{name}-*.jsonl"):
         old.unlink()
     files: list[Path] = []
     count = in_chunk = 0
@@ -58,14 +69,14 @@ def write_pending(
         line = sample.model_dump_json() + "\n"
         count += 1
         if alone is not None and alone(sample):
-            path = work_dir / f"pending-{len(files):05d}.jsonl"
+            path = work_dir / f"{name}-{len(files):05d}.jsonl"
             files.append(path)
             path.write_text(line, encoding="utf-8")
             continue
         if in_chunk % chunk_rows == 0:
             if fh:
                 fh.close()
-            path = work_dir / f"pending-{len(files):05d}.jsonl"
+            path = work_dir / f"{name}-{len(files):05d}.jsonl"
             files.append(path)
             fh = path.open("w", encoding="utf-8")
         fh.write(line)
@@ -83,9 +94,66 @@ def run_pipeline(
     plan: WorkerPlan,
     files: list[Path],
     on_result: Callable[[str, SessionSummary], None],
+    *,
+    tick: Callable[[], None] = lambda: None,
+    drain: Drain | None = None,
 ) -> None:
     """Run every sample in ``files`` through the session actors, calling ``on_result(record_json,
-    summary)`` in the driver for each finished session."""
+    summary)`` in the driver for each session as it finishes, and ``tick()`` at least every
+    ``_TAKE_WAIT_S`` (for time-based flushes). Once ``drain`` is requested no new session starts; this
+    returns when the sessions in flight have finished or the drain timed out."""
+    control = start_control()
+    consumer = _Consumer(_dataset(plan, files, control))
+    draining = False
+    while True:
+        # Read before taking: every record handed over before Ray Data's iteration ended is in the queue.
+        ended = consumer.done.is_set()
+        taken = ray.get(control.take.remote(_TAKE_WAIT_S))
+        for record, summary in taken:
+            on_result(record, SessionSummary(**json.loads(summary)))
+        tick()
+        if taken:
+            continue
+        if ended:
+            log.info("pass ended: %s", ray.get(control.state.remote()))
+            consumer.raise_error()
+            return
+        if drain is not None and drain.requested:
+            if not draining:
+                ray.get(control.drain.remote())
+                draining = True
+                continue  # a session may have started between the last take and the switch
+            state = ray.get(control.state.remote())
+            if drain.expired or state["running"] == 0:
+                log.info("drain ended (timed out: %s): %s", drain.expired, state)
+                return  # Ray Data goes on skipping what is left until Ray stops; nothing more starts
+
+
+class _Consumer:
+    """Iterates the dataset in a thread: its rows only say that batches ended (records take the
+    control actor's path), and the iteration must go on while the driver writes records."""
+
+    def __init__(self, ds: ray.data.Dataset):
+        self.done = threading.Event()
+        self._error: BaseException | None = None
+        self._ds = ds
+        threading.Thread(target=self._run, name="raygen-pass", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            for _ in self._ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+                pass
+        except BaseException as exc:  # handed to the driver's thread
+            self._error = exc
+        finally:
+            self.done.set()
+
+    def raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+
+def _dataset(plan: WorkerPlan, files: list[Path], control: Any) -> ray.data.Dataset:
     rc = plan.config.ray
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # raygen prints its own progress
@@ -111,7 +179,7 @@ def run_pipeline(
     resources = session_actor_resources(rc, plan.config.env.type)
     ds = ds.map_batches(
         SessionWorker,
-        fn_constructor_kwargs={"plan": plan},
+        fn_constructor_kwargs={"plan": plan, "control": control},
         batch_size=batch_size_for(rc.sessions_per_worker),
         compute=ray.data.ActorPoolStrategy(
             size=rc.workers,
@@ -125,8 +193,4 @@ def run_pipeline(
         max_task_retries=_TASK_RETRIES,
         **({"resources": resources} if resources else {}),
     )
-    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-        records = batch.column("record").to_pylist()
-        summaries = batch.column("summary").to_pylist()
-        for record, summary in zip(records, summaries, strict=True):
-            on_result(record, SessionSummary(**json.loads(summary)))
+    return ds

@@ -1,0 +1,87 @@
+"""The run's control actor: the path each finished session takes to the driver, the memory of which
+sessions finished, and the drain switch.
+
+Why not Ray Data's output: a ``map_batches`` task returns its rows when the whole task ends (an async
+UDF's generator is unrolled per batch, batches are re-ordered, and a task's rows are built into one
+block), so one slow session held back every finished record of its task, for minutes. A session actor
+hands its record here as soon as the session ends (and keeps nothing of it); the driver takes records
+from here within a fraction of a second and makes them durable (``output.durable_within_s``).
+
+Why it remembers finished sessions: when an actor dies, Ray Data re-runs its whole task, sessions that
+had already finished included. An actor asks ``begin`` before each session, and a session that finished
+in this run (its record handed over) is skipped instead of being paid for twice. The same question
+carries the drain: once ``drain`` was called no session starts.
+
+One per pass, created by the driver with no CPU reservation on the driver's node; it dies with the
+driver (records it holds then were not durable yet: at most the last fraction of a second).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+# Records waiting for the driver; a full queue makes actors wait (the driver is writing slowly).
+_QUEUE_RECORDS = 1024
+
+
+class RunControl:
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue(maxsize=_QUEUE_RECORDS)
+        self._finished: set[tuple[str, int]] = set()
+        self._running: dict[tuple[str, int], float] = {}
+        self._draining = False
+        self.skipped = 0
+
+    async def begin(self, sample_key: str, attempt: int) -> bool:
+        """Whether a session of ``sample_key`` (this attempt) may start now."""
+        key = (sample_key, attempt)
+        if self._draining or key in self._finished:
+            self.skipped += 1
+            return False
+        self._running[key] = time.monotonic()
+        return True
+
+    async def finish(self, sample_key: str, attempt: int, record_json: str, summary_json: str) -> None:
+        """A session ended: its record goes to the driver, and it never starts again in this run."""
+        key = (sample_key, attempt)
+        self._finished.add(key)
+        # Queued before it stops counting as running: a drain that sees nothing running then finds
+        # every finished record in the queue.
+        await self._queue.put((record_json, summary_json))
+        self._running.pop(key, None)
+
+    async def take(self, wait_s: float) -> list[tuple[str, str]]:
+        """Every record waiting, after waiting up to ``wait_s`` for the first one."""
+        try:
+            first = await asyncio.wait_for(self._queue.get(), timeout=wait_s)
+        except TimeoutError:
+            return []
+        out = [first]
+        while not self._queue.empty():
+            out.append(self._queue.get_nowait())
+        return out
+
+    async def drain(self) -> None:
+        """From now on no session starts (those running finish)."""
+        self._draining = True
+
+    async def state(self) -> dict[str, Any]:
+        """Sessions running (started, not finished; a killed actor's stay until their task re-runs),
+        finished, and skipped by ``begin``."""
+        return {"running": len(self._running), "finished": len(self._finished), "skipped": self.skipped}
+
+
+def start_control() -> Any:
+    """A ``RunControl`` actor on this (the driver's) node, tied to this process's lifetime."""
+    node = ray.get_runtime_context().get_node_id()
+    actor = ray.remote(RunControl).options(
+        num_cpus=0,
+        max_concurrency=10_000,  # every session slot of every actor may call at once
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+    )
+    return actor.remote()
