@@ -227,6 +227,47 @@ class EnvironmentConformance:
         await self.assert_cleaned_up(env, pids)
         await env.close()  # still idempotent afterwards
 
+    # --- grading (raygen/verify): both modes through this seam --------------------------------------
+
+    async def _agent_leaves(self, new_env: MakeEnv) -> Environment:
+        agent = new_env()
+        await agent.start()
+        await agent.write_file("answer.txt", b"42\n")  # the declared artifact
+        await agent.write_file("extra.txt", b"not an artifact\n")
+        await agent.write_file("hidden.txt", b"0\n")  # the agent's own copy of the hidden file
+        return agent
+
+    async def test_grading_fresh_mode_sees_only_artifacts_and_hidden_files(self, new_env: MakeEnv):
+        from raygen.verify.grader import grade
+        from raygen.verify.spec import VerifySpec
+
+        agent = await self._agent_leaves(new_env)
+        spec = dict(files={"hidden.txt": "1\n"}, artifacts=["answer.txt"], mode="fresh", result="last_line")
+        graded = await grade(
+            VerifySpec(command="cat answer.txt hidden.txt", **spec), agent_env=agent, open_fresh=new_env
+        )
+        assert (graded.reward, graded.verification.mode) == (1.0, "fresh")  # the artifact, then the hidden 1
+        assert [a.path for a in graded.artifacts] == ["answer.txt"]
+        extra = await grade(
+            VerifySpec(command="cat extra.txt", **{**spec, "result": "exit_code"}),
+            agent_env=agent,
+            open_fresh=new_env,
+        )
+        assert extra.reward == 0.0 and extra.verification.exit_code != 0  # not copied
+        assert (await agent.read_file("hidden.txt")) == b"0\n"  # the agent's environment was not touched
+
+    async def test_grading_same_mode_writes_hidden_files_over_the_agents(self, new_env: MakeEnv):
+        from raygen.verify.grader import grade
+        from raygen.verify.spec import VerifySpec
+
+        agent = await self._agent_leaves(new_env)
+        spec = VerifySpec(
+            command="cat extra.txt hidden.txt", files={"hidden.txt": "1\n"}, mode="same", result="last_line"
+        )
+        graded = await grade(spec, agent_env=agent, open_fresh=new_env)
+        assert (graded.reward, graded.verification.mode) == (1.0, "same")
+        assert (await agent.read_file("hidden.txt")) == b"1\n"
+
 
 def alive_host_pids(pids: list[int]) -> list[int]:
     """Host pids still running (zombies count as dead): for backends whose pids are host pids."""
