@@ -12,11 +12,12 @@ import pytest
 from raygen.output import shards
 from raygen.output.shards import (
     RecordReader,
+    RollingShardWriter,
     ShardScanStats,
     ShardWriter,
     iter_shard_records,
     list_shards,
-    read_record,
+    read_line,
 )
 
 
@@ -129,7 +130,7 @@ def test_reader_tolerates_garbage_and_ignores_temp_files(tmp_path):
     assert [r["prompt_index"] for r, _ in got] == [0, 1, 2]
     assert (stats.files, stats.records, stats.unparseable_lines) == (1, 3, 3)
     for record, pos in got:  # positions re-read the same records
-        assert read_record(pos) == record
+        assert json.loads(read_line(pos)) == record
 
 
 def test_reader_of_missing_shards_dir_yields_nothing(tmp_path):
@@ -166,3 +167,38 @@ def test_jsonl_safe_escapes_line_separators_and_stays_equal_json():
     text = jsonl_safe(json.dumps(value, ensure_ascii=False))
     assert "\u2028" not in text and "\u2029" not in text
     assert len(text.splitlines()) == 1 and json.loads(text) == value
+
+
+def test_rolling_writer_makes_each_flush_durable_in_one_growing_file(tmp_path):
+    writer = RollingShardWriter(tmp_path, "driver-r", max_records=3, flush_s=3600)
+    seen = []
+    for i in range(7):
+        writer.add(rec(i))
+        writer.flush()  # what the driver's sink does once a record is due
+        seen.append(sorted(p.name for p in (tmp_path / "shards").iterdir()))
+        # Every flushed record is in a complete, final shard at once.
+        assert sorted(r["prompt_index"] for r in all_records(tmp_path)) == list(range(i + 1))
+    # The open shard is rewritten until it holds max_records, then the next one starts.
+    assert seen[0] == seen[1] == seen[2] == ["driver-r-000000.jsonl"]
+    assert seen[3] == seen[5] == ["driver-r-000000.jsonl", "driver-r-000001.jsonl"]
+    assert len(seen[6]) == 3 and len(writer.paths) == 3
+    assert not [p for p in (tmp_path / "shards").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_rolling_writer_keeps_unwritten_records_once_when_a_rewrite_fails(tmp_path, monkeypatch):
+    writer = RollingShardWriter(tmp_path, "driver-f", max_records=10, flush_s=3600)
+    writer.add(rec(0))
+    writer.flush()
+    writer.add(rec(1))
+    put = writer.run_dir.storage.put
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(writer.run_dir.storage, "put", full_disk)
+    with pytest.raises(OSError):
+        writer.flush()
+    assert writer.pending == 1  # the new record only: record 0 is on disk already
+    monkeypatch.setattr(writer.run_dir.storage, "put", put)
+    writer.close()
+    assert sorted(r["prompt_index"] for r in all_records(tmp_path)) == [0, 1]
