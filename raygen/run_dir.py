@@ -96,9 +96,6 @@ class RunStatus:
             rows.append(("driver", self.driver))
         return rows
 
-    def accounted(self) -> int:
-        return self.kept + sum(self.rejected.values()) + sum(self.failed.values()) + self.pending
-
 
 def run_status(run_dir: RunDir | str | os.PathLike) -> RunStatus:
     """Count every sample key of ``keys.txt`` once: by the final record the merge would choose (with the

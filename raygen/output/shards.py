@@ -265,11 +265,6 @@ def read_line(pos: ShardPos) -> bytes:
         return f.read(pos.length)
 
 
-def read_record(pos: ShardPos) -> dict[str, Any]:
-    """Re-read one record by position (as returned by ``iter_shard_records``)."""
-    return json.loads(read_line(pos))
-
-
 class RecordReader:
     """Re-reads records by position keeping a few files open, for reading many records in any order.
 

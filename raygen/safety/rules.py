@@ -80,15 +80,6 @@ class Rule(BaseModel):
                 return True
         return False
 
-    def example_call(self, example: str | dict[str, str]) -> tuple[str, dict[str, str]]:
-        """An example as ``(tool, args)``: a string is the first argument of the first tool."""
-        if isinstance(example, str):
-            tool = self.tools[0] if self.tools[0] != ANY_TOOL else "terminal"
-            return tool, {self.args[0]: example}
-        args = dict(example)
-        tool = args.pop("tool", self.tools[0])
-        return tool, args
-
 
 class RuleSet(BaseModel):
     """A versioned list of rules (one YAML file)."""

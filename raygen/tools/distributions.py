@@ -14,7 +14,6 @@ Usage: ``load_distribution(name_or_path, known_toolsets)`` returns a ``BoundDist
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -152,13 +151,3 @@ def load_distribution(name_or_path: str, known_toolsets: set[str]) -> BoundDistr
         f"unknown toolset distribution {name_or_path!r}; built-ins: {', '.join(sorted(builtins))} "
         "(or give the path of a YAML file)"
     )
-
-
-def expected_share(distribution: Distribution, available: list[str]) -> dict[str, float]:
-    """Exact share (0-1) of samples offered each toolset, at-least-one rule included (for reports)."""
-    probabilities = {k: v / 100 for k, v in distribution.probabilities(available).items()}
-    if not probabilities:
-        return {}
-    none_came_up = math.prod(1 - p for p in probabilities.values())
-    fallback = min(probabilities, key=lambda name: (-probabilities[name], name))
-    return {name: p + (none_came_up if name == fallback else 0.0) for name, p in probabilities.items()}

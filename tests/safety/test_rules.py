@@ -10,9 +10,20 @@ import yaml
 from raygen.errors import ConfigError
 from raygen.records import SafetyLabel
 from raygen.safety import default_rules, label_tool_call, load_rules, rules_version
+from raygen.safety.rules import ANY_TOOL, Rule
 
 RULES = default_rules()
 LABELS = {"destructive_fs", "remote_exec", "credential_read", "network_exfil", "sandbox_escape"}
+
+
+def example_call(rule: Rule, example: str | dict[str, str]) -> tuple[str, dict[str, str]]:
+    """A rule's documented example as ``(tool, args)``: a string is the first argument of its first tool."""
+    if isinstance(example, str):
+        tool = rule.tools[0] if rule.tools[0] != ANY_TOOL else "terminal"
+        return tool, {rule.args[0]: example}
+    args = dict(example)
+    tool = args.pop("tool", rule.tools[0])
+    return tool, args
 
 
 def _examples(kind: str) -> list:
@@ -25,14 +36,14 @@ def _examples(kind: str) -> list:
 
 @pytest.mark.parametrize(("rule", "example"), _examples("match"))
 def test_each_positive_example_triggers_its_rule(rule, example):
-    tool, args = rule.example_call(example)
+    tool, args = example_call(rule, example)
     assert rule.matches(tool, args)
     assert rule.id in {r.id for r in RULES.check(tool, args)}
 
 
 @pytest.mark.parametrize(("rule", "example"), _examples("no_match"))
 def test_each_negative_example_leaves_its_rule_silent(rule, example):
-    tool, args = rule.example_call(example)
+    tool, args = example_call(rule, example)
     assert not rule.matches(tool, args)
 
 

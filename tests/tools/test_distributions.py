@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 
 import pytest
 
 from raygen.errors import ConfigError
 from raygen.input.validate import iter_samples
-from raygen.tools.distributions import (
-    Distribution,
-    builtin_distributions,
-    expected_share,
-    load_distribution,
-)
+from raygen.tools.distributions import Distribution, builtin_distributions, load_distribution
 
 KNOWN = {"terminal", "file"}
 KEYS = [f"key-{i}" for i in range(4000)]
+
+
+def expected_share(distribution: Distribution, available: list[str]) -> dict[str, float]:
+    """Exact share (0-1) of samples offered each toolset, the at-least-one rule included."""
+    probabilities = {k: v / 100 for k, v in distribution.probabilities(available).items()}
+    if not probabilities:
+        return {}
+    none_came_up = math.prod(1 - p for p in probabilities.values())
+    fallback = min(probabilities, key=lambda name: (-probabilities[name], name))
+    return {name: p + (none_came_up if name == fallback else 0.0) for name, p in probabilities.items()}
 
 
 def shares(draw, keys=KEYS, seed=0) -> dict[str, float]:
