@@ -124,10 +124,13 @@ async def test_error_rate_and_stats_reset():
 
 
 async def test_bad_requests_get_400():
-    async with SimServer(fast()) as sim, aiohttp.ClientSession() as http:
-        # (``stream: true`` is supported: tests/sim/test_streaming.py)
-        async with http.post(f"{sim.url}/chat/completions", data=b"{not json") as r:
-            assert r.status == 400
+    # (``stream: true`` is supported: tests/sim/test_server_streaming.py)
+    async with (
+        SimServer(fast()) as sim,
+        aiohttp.ClientSession() as http,
+        http.post(f"{sim.url}/chat/completions", data=b"{not json") as r,
+    ):
+        assert r.status == 400
 
 
 async def test_many_concurrent_connections():
