@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raygen.errors import ConfigError, InputError
+from raygen.errors import ConfigError, InputError, SessionFailure
 
 STAGE_DIR = ".raygen-tests"
 REWARD_COPY = ".raygen-reward"
@@ -246,7 +246,10 @@ def build_images(tasks: list[HarborTask], docker_config: Any) -> dict[str, str |
     exists: the tag hashes the build context). Returns ``{image: None or why it failed}``."""
     from raygen.envs import docker_engine
 
-    client = docker_engine.get_client(docker_config)
+    try:
+        client = docker_engine.get_client(docker_config)
+    except SessionFailure as exc:  # before any model call: a clear error, not a crash
+        raise ConfigError(f"building the Harbor task images: {exc.detail}") from None
     out: dict[str, str | None] = {}
     for task in tasks:
         if task.dockerfile is None:

@@ -104,3 +104,27 @@ async def test_partial_credit_and_tampering(docker_rows):
     ]
     rec = await runner(ToolScript([cheat]), config).run(sample(rows["add-numbers"]))
     assert rec.exit_status == "completed" and rec.reward == 0.0
+
+
+def test_the_driver_reads_a_tasks_folder_and_warns_about_copies(docker_rows, monkeypatch, tmp_path):
+    from raygen.config import RunConfig
+    from raygen.reporting import RunReporter
+    from raygen.verify.prepare import prepare_dataset
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    notes = []
+
+    class Recorder(RunReporter):
+        def note(self, message):
+            notes.append(("note", message))
+
+        def warning(self, message):
+            notes.append(("warning", message))
+
+    config = RunConfig.model_validate(
+        {"env": {"type": "docker"}, "samples_per_prompt": 2, "sampling": {"temperature": 0}}
+    )
+    path = prepare_dataset(config, HARBOR, Recorder())
+    assert path.parent == tmp_path / "raygen" / "harbor" and scan_dataset(path).rows == 3
+    assert [kind for kind, _ in notes] == ["warning", "note"] and "temperature" in notes[0][1]
+    assert prepare_dataset(config, DATA / "verified-tasks.jsonl", Recorder()) == DATA / "verified-tasks.jsonl"
