@@ -88,8 +88,8 @@ class TokenBucket:
         return max(0.0, self.capacity - self.tokens) / self.rate
 
 
-class FixedWindow:
-    """At most ``per_minute * window_s / 60`` per window ``[k * window_s, (k + 1) * window_s)`` (clock)."""
+class _Window:
+    """What both kinds of window share: ``per_minute * window_s / 60`` allowed per window."""
 
     def __init__(self, per_minute: float, window_s: float, clock: Callable[[], float] = time.monotonic):
         self.window_s = window_s
@@ -97,6 +97,13 @@ class FixedWindow:
         self.limit = max(1, round(per_minute))
         self._clock = clock
         self.reset()
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+
+class FixedWindow(_Window):
+    """At most ``per_minute * window_s / 60`` per window ``[k * window_s, (k + 1) * window_s)`` (clock)."""
 
     def reset(self) -> None:
         self.used = 0.0
@@ -128,15 +135,8 @@ class FixedWindow:
         return (self._window + 1) * self.window_s - now if self.used else 0.0
 
 
-class SlidingWindow:
+class SlidingWindow(_Window):
     """At most ``per_minute * window_s / 60`` admitted within any ``window_s`` seconds."""
-
-    def __init__(self, per_minute: float, window_s: float, clock: Callable[[], float] = time.monotonic):
-        self.window_s = window_s
-        self.capacity = max(1.0, per_minute * window_s / 60.0)
-        self.limit = max(1, round(per_minute))
-        self._clock = clock
-        self.reset()
 
     def reset(self) -> None:
         self._log: deque[tuple[float, float]] = deque()  # (admitted at, amount)
