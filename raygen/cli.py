@@ -104,6 +104,11 @@ def run(
         str | None, Opt(help="Join this Ray cluster instead of starting one."), Sets("ray.address")
     ] = None,
     rpm: Annotated[float | None, Opt(help="Cluster-wide requests per minute."), Sets("governor.rpm")] = None,
+    adaptive: Annotated[
+        bool | None,
+        Opt("--adaptive/--no-adaptive", help="Learn the rate limit from 429s \\[on unless --rpm]."),
+        Sets("governor.adaptive"),
+    ] = None,
     output_dir: Annotated[
         str | None,
         Opt(help="Parent folder of runs: a path, or s3://... / gs://... \\[runs]."),
