@@ -513,8 +513,9 @@ class GovernorConfig(_Section):
     slowed); that 429 sets the target to the rate the provider actually let through (requests that passed
     over the last 10 s, divided by that span plus the provider's Retry-After), then the target grows
     again after clean, busy traffic and each further 429 cuts it to the measured rate (AIMD). With ``rpm``
-    set and adaptive on, ``rpm`` is the start and the ceiling. Off: a 429 only pauses the cluster for its
-    Retry-After (``--adaptive/--no-adaptive``)."""
+    set and adaptive on, ``rpm`` is the start and the ceiling. Off: a 429 pauses the cluster for its
+    Retry-After and slows a known limit by 2% (down to 90%); with no limit either, nothing is governed
+    (``--adaptive/--no-adaptive``)."""
     initial_rpm: float | None = Field(None, gt=0)
     """Adaptive start rate when ``rpm`` is unset; from it the target doubles after each clean, busy
     interval until the first 429 (slow start). Unset: unthrottled until the first 429."""
