@@ -6,17 +6,19 @@ Never rely on ``__del__``.
 
 Besides the per-session instance, each backend class answers the questions the driver and the cluster
 ask about the backend as a whole (class-level hooks, like inspect_ai's ``task_init``/``cli_cleanup``):
-``prepare`` (image pre-flight before any model call), ``reap`` (a run's leftovers on this node),
-``runs_on_node`` (sandboxes on the actor's node, or off it in a cloud service) and
-``confines_destructive_rows``. Callers reach a backend only through ``raygen.envs.environment_class``.
+``prepare`` (image pre-flight before any model call), ``build_images`` (task images from Dockerfiles),
+``reap`` (a run's leftovers on this node), ``runs_on_node`` (sandboxes on the actor's node, or off it in a
+cloud service), ``confines_destructive_rows`` and ``own_root_filesystem``. Callers reach a backend only
+through ``raygen.envs.environment_class``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Self
 
 
@@ -58,6 +60,9 @@ class Environment(ABC):
     confined: ClassVar[bool] = False
     """Whether commands cannot reach the host (a container, an instance, a cloud sandbox, or no processes at
     all); False by default, so a new backend must claim it."""
+    own_root_filesystem: ClassVar[bool] = False
+    """Whether each session sees a root file system of its own (its image's), so a task may write absolute
+    paths such as ``/tests`` without touching the host or another session."""
 
     # --- class-level hooks: the backend as a whole, not one session ------------------------------------
 
@@ -71,6 +76,13 @@ class Environment(ABC):
         so a run fails loudly instead of sending every row to ``failed/``. Default: accept every image.
         """
         return dict.fromkeys(image for image in images if image)
+
+    @classmethod
+    def build_images(cls, config: Any, contexts: Mapping[str, Path]) -> dict[str, str | None]:
+        """Build each image tag from its build context (a folder with a Dockerfile), skipping tags that
+        exist; per tag None or why the build failed. Blocking; before any model call. Default: the backend
+        builds nothing (its pre-flight then reports images it cannot find)."""
+        return dict.fromkeys(contexts)
 
     @classmethod
     def reap(cls, config: Any, run_name: str | None) -> int:

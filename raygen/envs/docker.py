@@ -31,14 +31,16 @@ import secrets
 import socket
 import tarfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import suppress
+from pathlib import Path
 from typing import Any
 
 from raygen.config import DockerEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation, image_names
 from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.docker_engine import (
+    build_missing_images,
     ensure_images,
     get_client_async,
     import_docker,
@@ -96,10 +98,15 @@ class DockerEnvironment(Environment):
 
     backend = "docker"
     confined = True
+    own_root_filesystem = True
 
     @classmethod
     async def prepare(cls, config: DockerEnvConfig, images: Iterable[str | None]) -> dict[str, str | None]:
         return await ensure_images(config, image_names(images, config.default_image))
+
+    @classmethod
+    def build_images(cls, config: DockerEnvConfig, contexts: Mapping[str, Path]) -> dict[str, str | None]:
+        return build_missing_images(config, dict(contexts))
 
     @classmethod
     def reap(cls, config: DockerEnvConfig, run_name: str | None) -> int:

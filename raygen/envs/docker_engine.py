@@ -199,6 +199,25 @@ async def _ensure_one(config: Any, image: str) -> str | None:
     return _image_results[key]
 
 
+def build_missing_images(config: Any, contexts: dict[str, Any]) -> dict[str, str | None]:
+    """Build each tag from its context folder unless the engine has it (a tag that hashes its context is
+    never stale); per tag None or why the build failed. Blocking. Builds get no network (the engine may have
+    none): an image that needs the network to build must be prebuilt."""
+    client = get_client(config)
+    docker = import_docker()
+    out: dict[str, str | None] = {}
+    for tag, context in contexts.items():
+        if _image_present(client, tag):
+            out[tag] = None
+            continue
+        try:
+            client.images.build(path=str(context), tag=tag, network_mode="none", rm=True)
+            out[tag] = None
+        except (docker.errors.DockerException, OSError) as exc:
+            out[tag] = f"building {context}: {exc}"
+    return out
+
+
 def reap_containers(config: Any, run_name: str | None) -> int:
     """Force-remove containers labelled with ``run_name`` (every raygen container when None); returns how
     many were removed. Blocking. Raises SessionFailure("env_start") if the engine is unreachable."""

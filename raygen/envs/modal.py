@@ -82,6 +82,7 @@ class ModalEnvironment(Environment):
     backend = "modal"
     runs_on_node = False  # sandboxes live in Modal's cloud: any node can drive them
     confined = True
+    own_root_filesystem = True
     # ``reap`` stays the default (0): every sandbox has a hard lifetime (``env.timeout_s``), so Modal ends
     # what a killed run left behind.
 

@@ -120,6 +120,7 @@ class SingularityEnvironment(Environment):
 
     backend = "singularity"
     confined = True
+    own_root_filesystem = True  # the image's, writable in memory (--writable-tmpfs)
 
     @classmethod
     async def prepare(

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raygen.envs import environment_class
 from raygen.errors import ConfigError, InputError, SessionFailure
 
 STAGE_DIR = ".raygen-tests"
@@ -210,7 +211,7 @@ def _slug(text: str) -> str:
 
 def load_tasks(root: Path, env_type: str) -> list[HarborTask]:
     """Every task under ``root``; raises InputError listing every problem of every task."""
-    if env_type in ("local", "fake"):
+    if not environment_class(env_type).own_root_filesystem:
         raise ConfigError(
             f"{root}: Harbor tasks write /tests and /logs/verifier, which the {env_type} backend would put "
             "on the host: run them with --env docker (or singularity, modal)"
@@ -241,31 +242,13 @@ def tasks_to_jsonl(root: Path, env_type: str, out_dir: Path | None = None) -> tu
     return path, tasks
 
 
-def build_images(tasks: list[HarborTask], docker_config: Any) -> dict[str, str | None]:
-    """Build the image of every task that has a Dockerfile and no prebuilt image (skipped when the tag
-    exists: the tag hashes the build context). Returns ``{image: None or why it failed}``."""
-    from raygen.envs import docker_engine
-
+def build_images(tasks: list[HarborTask], env_config: Any) -> dict[str, str | None]:
+    """Build the image of every task that has a Dockerfile and no prebuilt image, with the run's backend
+    (Docker builds; backends that cannot build skip it), skipped when the tag exists: the tag hashes the
+    build context. A task needing the network to build names a prebuilt environment.docker_image instead.
+    Returns ``{image: None or why it failed}``."""
+    contexts = {task.row["image"]: task.dockerfile.parent for task in tasks if task.dockerfile is not None}
     try:
-        client = docker_engine.get_client(docker_config)
+        return environment_class(env_config.type).build_images(env_config, contexts)
     except SessionFailure as exc:  # before any model call: a clear error, not a crash
         raise ConfigError(f"building the Harbor task images: {exc.detail}") from None
-    out: dict[str, str | None] = {}
-    for task in tasks:
-        if task.dockerfile is None:
-            continue
-        image = task.row["image"]
-        try:
-            client.images.get(image)
-            out[image] = None
-            continue
-        except Exception:  # docker.errors.ImageNotFound, without importing docker here
-            pass
-        try:
-            # No network for the build either (the engine may have none); a task needing the network
-            # to build names a prebuilt environment.docker_image instead.
-            client.images.build(path=str(task.dockerfile.parent), tag=image, network_mode="none", rm=True)
-            out[image] = None
-        except Exception as exc:
-            out[image] = f"building {task.dockerfile}: {exc}"
-    return out

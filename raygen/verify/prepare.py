@@ -20,13 +20,12 @@ def prepare_dataset(config: Any, dataset: Path, reporter: RunReporter) -> Path:
 
     path, tasks = tasks_to_jsonl(dataset, config.env.type)
     reporter.note(f"{dataset}: {len(tasks)} Harbor task(s) read as {path}")
-    if config.env.type == "docker":
-        problems = {image: why for image, why in build_images(tasks, config.env).items() if why}
-        if problems:
-            raise InputError(
-                f"{dataset}: {len(problems)} task image(s) could not be built",
-                [f"{k}: {v}" for k, v in problems.items()],
-            )
+    problems = {image: why for image, why in build_images(tasks, config.env).items() if why}
+    if problems:
+        raise InputError(
+            f"{dataset}: {len(problems)} task image(s) could not be built",
+            [f"{k}: {v}" for k, v in problems.items()],
+        )
     return path
 
 

@@ -9,6 +9,7 @@ Docker tests need an engine (``eval "$(.ci/docker-setup.sh /tmp/rg-docker)"``) a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import sys
@@ -140,6 +141,31 @@ async def test_prepare_images_checks_the_default_image_for_rows_without_one(dock
     result = await environment_class("docker").prepare(config, [None, image])
     assert result[BUSYBOX] is None and result[image]
     assert set(result) == {BUSYBOX, image}
+
+
+@pytest.mark.docker
+def test_build_images_builds_missing_tags_once_and_reports_a_failed_build(docker_config, tmp_path):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for folder, step in ((good, "RUN echo built > /built"), (bad, "RUN exit 3")):
+        folder.mkdir()
+        (folder / "Dockerfile").write_text(f"FROM {BUSYBOX}\n{step}\n")
+    tags = {
+        f"raygen-test/built-{uuid.uuid4().hex[:8]}:1": good,
+        f"raygen-test/bad-{uuid.uuid4().hex[:8]}:1": bad,
+    }
+    docker = environment_class("docker")
+    client = docker_engine.get_client(docker_config)
+    try:
+        result = docker.build_images(docker_config, tags)
+        built, failed = list(tags)
+        assert result[built] is None and "non-zero code: 3" in result[failed]
+        image_id = client.images.get(built).id
+        assert docker.build_images(docker_config, {built: good}) == {built: None}
+        assert client.images.get(built).id == image_id  # present: not built again
+    finally:
+        for tag in tags:
+            with contextlib.suppress(Exception):
+                client.images.remove(tag)
 
 
 async def test_unreachable_engine_is_an_env_start_failure(tmp_path):
