@@ -330,12 +330,12 @@ def status(run_dir: RunDirArg) -> None:
 @app.command()
 def clean(run_dir: RunDirArg) -> None:
     """Remove containers and sandboxes a killed run left on this node."""
-    from raygen.envs.images import reap
+    from raygen.envs import environment_class
     from raygen.run_dir import read_run_config
 
     try:
         config = read_run_config(run_dir)
-        removed = reap(config.output.run_name, config.env)
+        removed = environment_class(config.env.type).reap(config.env, config.output.run_name)
     except (ConfigError, OSError) as exc:
         _fail(exc)
     out.print(f"removed {removed} container(s) of run {config.output.run_name}")

@@ -16,6 +16,7 @@ from pydantic import SecretStr
 
 from raygen.config import RunConfig
 from raygen.distributed.plan import WorkerPlan
+from raygen.envs import environment_class
 from raygen.generation import Generation, RunSecrets
 from raygen.model.endpoint import model_endpoint
 from raygen.reporting import RunReporter
@@ -33,7 +34,7 @@ class RunServices:
 def run_services(
     config: RunConfig, generation: Generation, secrets: RunSecrets, reporter: RunReporter
 ) -> Iterator[RunServices]:
-    from raygen.distributed.cluster import ensure_ray, shutdown_ray
+    from raygen.distributed.cluster import RAY_DATA_ACTOR_NOTE, ensure_ray, shutdown_ray
     from raygen.distributed.governor import get_or_create_governor
     from raygen.distributed.monitor import GovernorMonitor
 
@@ -43,6 +44,7 @@ def run_services(
         base_url = stack.enter_context(model_endpoint(config, reporter.note))
         if ensure_ray(config.ray.address, metrics_export_port=config.ray.metrics_export_port):
             stack.callback(shutdown_ray)
+        reporter.note(RAY_DATA_ACTOR_NOTE)
         # Created by the driver so it lives exactly as long as the run (named: workers find it).
         monitor = GovernorMonitor(
             get_or_create_governor(config.governor, base_url, config.model.model, secrets.api_key)
@@ -59,11 +61,8 @@ def run_services(
 
 
 def reap(config: RunConfig, reporter: RunReporter) -> None:
-    """Remove this run's leftover containers on this node (no-op for backends without containers)."""
-    if config.env.type not in ("docker", "singularity"):
-        return
-    from raygen.envs.images import reap as reap_containers
-
-    removed = reap_containers(str(config.output.run_name), config.env)
+    """Remove what killed sessions of this run left on this node (the backend's ``reap``; nothing for
+    backends whose sessions leave nothing behind)."""
+    removed = environment_class(config.env.type).reap(config.env, str(config.output.run_name))
     if removed:
         reporter.note(f"removed {removed} leftover container(s) of run {config.output.run_name}")

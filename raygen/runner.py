@@ -18,6 +18,7 @@ from typing import Any
 
 from raygen.config import RunConfig
 from raygen.drain import Drain
+from raygen.envs import environment_class
 from raygen.errors import ConfigError, InputError
 from raygen.generation import Generation, RunSecrets, resume_check
 from raygen.hygiene import (
@@ -274,7 +275,7 @@ def _leak_check(
 def _check_isolation(config: RunConfig, rows: int, allowed: bool) -> None:
     """Destructive prompts never run unconfined on the host with a real model."""
     real_model = config.model.type == "openai"
-    unconfined = config.env.type == "local" and not getattr(config.env, "bwrap", False)
+    unconfined = not environment_class(config.env.type).confines_destructive_rows(config.env)
     if rows and real_model and unconfined and not allowed:
         raise ConfigError(
             f"{rows} pending rows are marked needs_isolation, and the local backend without bwrap is not a "
