@@ -11,11 +11,10 @@ import pytest
 
 from raygen.config import DockerEnvConfig, ScriptedModelConfig, SimConfig
 from raygen.errors import ConfigError, InputError
-from raygen.input.rows import PromptRow, Sample
 from raygen.input.validate import scan_dataset
 from raygen.model.scripted import ScriptedModel
 from raygen.verify.harbor import build_images, load_tasks, tasks_to_jsonl
-from tests.verify.helpers import DATA, ToolScript, runner, shell, write
+from tests.verify.helpers import DATA, ToolScript, runner, sample_of, shell, write
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs"))
 from test_docker_engine import docker_skip_reason
@@ -67,23 +66,13 @@ def docker_rows(tmp_path_factory):
     return config, rows
 
 
-def sample(row: dict) -> Sample:
-    return Sample(
-        row=PromptRow.model_validate(row),
-        sample_key="h" * 24,
-        prompt_index=0,
-        line=1,
-        toolsets=["file", "terminal"],
-    )
-
-
 @pytest.mark.docker
 async def test_harbor_rewards_with_the_simulator(docker_rows):
     config, rows = docker_rows
     sim = SimConfig(solutions_file=HARBOR / "solutions.jsonl", solve_rate=1.0)
     got = {}
     for name, row in rows.items():
-        rec = await runner(ScriptedModel(ScriptedModelConfig(), sim), config).run(sample(row))
+        rec = await runner(ScriptedModel(ScriptedModelConfig(), sim), config).run(sample_of(row))
         got[name] = (rec.exit_status, rec.reward)
     assert got == {
         "add-numbers": ("completed", 1.0),
@@ -96,13 +85,13 @@ async def test_harbor_rewards_with_the_simulator(docker_rows):
 async def test_partial_credit_and_tampering(docker_rows):
     config, rows = docker_rows
     half = "def count_words(text):\n    return 3\n"  # right on 2 of 4 cases
-    rec = await runner(ToolScript([[write("solution.py", half)]]), config).run(sample(rows["count-words"]))
+    rec = await runner(ToolScript([[write("solution.py", half)]]), config).run(sample_of(rows["count-words"]))
     assert rec.reward == 0.5 and not rec.verification.passed
     cheat = [
         shell("mkdir -p /logs/verifier /tests && echo 1 > /logs/verifier/reward.txt"),
         shell("printf 'echo 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh; echo 1 > .raygen-reward"),
     ]
-    rec = await runner(ToolScript([cheat]), config).run(sample(rows["add-numbers"]))
+    rec = await runner(ToolScript([cheat]), config).run(sample_of(rows["add-numbers"]))
     assert rec.exit_status == "completed" and rec.reward == 0.0
 
 
