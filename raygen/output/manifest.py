@@ -3,13 +3,10 @@ config holds only the *name* of the API-key variable, never its value."""
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import socket
 from datetime import UTC, datetime
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 
@@ -35,12 +32,3 @@ def build_manifest(**fields: Any) -> dict[str, Any]:
     manifest.update(fields)
     return manifest
 
-
-def write_json_atomic(path: Path, payload: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        json.dump(payload, fh, indent=2, ensure_ascii=False, default=str)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
