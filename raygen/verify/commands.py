@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from raygen.errors import ConfigError, InputError
+from raygen.verify.stats import reward_buckets
 
 err = Console(stderr=True)
 
@@ -36,13 +37,7 @@ def verification_table(stats: dict[str, Any]) -> Table | None:
     """Per category and overall: graded, mean reward, pass rate, pass@1..K, verify errors."""
     if not stats.get("verification"):
         return None
-    buckets = {
-        name: b["verification"]
-        for name, b in (stats.get("per_category") or {}).items()
-        if b.get("verification")
-    }
-    buckets["(all)"] = stats["verification"]
-    ks = sorted({int(k) for b in buckets.values() for k in b.get("pass_at_k") or {}})
+    buckets, ks = reward_buckets(stats)
     table = Table(title="rewards (all sessions, before filters)")
     for col in (
         "category",
@@ -53,7 +48,7 @@ def verification_table(stats: dict[str, Any]) -> Table | None:
         "verify errors",
     ):
         table.add_column(col)
-    for name, b in buckets.items():
+    for name, b in buckets:
         pass_at = b.get("pass_at_k") or {}
         table.add_row(
             name,

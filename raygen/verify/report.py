@@ -6,7 +6,7 @@ from typing import Any
 
 from raygen.eval import svg
 from raygen.eval.html import figure, num, pct, section, table
-from raygen.verify.stats import HISTOGRAM_BINS
+from raygen.verify.stats import HISTOGRAM_BINS, reward_buckets
 
 
 def rewards_section(stats: dict[str, Any]) -> str:
@@ -16,14 +16,9 @@ def rewards_section(stats: dict[str, Any]) -> str:
         return section(
             "rewards", "Rewards", intro="No session of this run had a check (no row carried verify)."
         )
-    buckets = [("all", overall)] + [
-        (name, b["verification"])
-        for name, b in (stats.get("per_category") or {}).items()
-        if b.get("verification")
-    ]
+    buckets, ks = reward_buckets(stats, overall="all")
     labels = [f"{i / HISTOGRAM_BINS:.1f}-{(i + 1) / HISTOGRAM_BINS:.1f}" for i in range(HISTOGRAM_BINS)]
     chart = svg.histogram(labels, overall.get("reward_histogram") or [0] * HISTOGRAM_BINS, label="rewards")
-    ks = sorted({int(k) for _, b in buckets for k in b.get("pass_at_k") or {}})
     rows = [
         [
             name,

@@ -111,3 +111,17 @@ def verification_metrics(bucket: dict[str, Any]) -> dict[str, float | None]:
     }
     out.update({f"pass@{k}": x for k, x in (v.get("pass_at_k") or {}).items()})
     return out
+
+
+def reward_buckets(stats: dict[str, Any], overall: str = "(all)") -> tuple[list[tuple[str, dict]], list[int]]:
+    """The ``verification`` figures of every category that has them, then the run's (named ``overall``),
+    and the k of every pass@k among them: what the CLI table and the report section show."""
+    buckets = [
+        (name, b["verification"])
+        for name, b in (stats.get("per_category") or {}).items()
+        if b.get("verification")
+    ]
+    if stats.get("verification"):
+        buckets.append((overall, stats["verification"]))
+    ks = sorted({int(k) for _, b in buckets for k in b.get("pass_at_k") or {}})
+    return buckets, ks
