@@ -194,6 +194,7 @@ class _SessionState:
                 artifacts=self.artifacts,
                 missing=missing,
                 messages=self.messages,
+                model=self.runner.model,
             )
         except VerifyError as exc:
             self.verification = exc.verification

@@ -101,6 +101,7 @@ async def grade(
     artifacts: list[Artifact] | None = None,
     missing: list[str] | None = None,
     messages: list[dict[str, Any]] | None = None,
+    model: Any = None,
 ) -> Graded:
     """Run the check. ``artifacts``/``missing`` default to what ``agent_env`` holds (``rescore`` passes
     the stored ones and no agent environment). ``same`` mode without an agent environment (the agent
@@ -112,10 +113,14 @@ async def grade(
     verification = Verification(mode=mode, missing_artifacts=list(missing or ()))
     try:
         if mode == "same" and agent_env is not None:
-            result, reward = await _check(agent_env, spec, [], messages or [])
+            result, reward = await _check(
+                agent_env, spec, [], PythonCheck(agent_env, messages or [], spec, model)
+            )
         else:
             async with open_fresh() as env:
-                result, reward = await _check(env, spec, artifacts, messages or [])
+                result, reward = await _check(
+                    env, spec, artifacts, PythonCheck(env, messages or [], spec, model)
+                )
     except _CheckFailed as exc:
         verification.exit_code = exc.result.exit_code if exc.result else None
         verification.output = _output(exc.result) if exc.result else ""
@@ -140,12 +145,12 @@ class _CheckFailed(Exception):
 
 
 async def _check(
-    env: Environment, spec: VerifySpec, artifacts: list[Artifact], messages: list[dict[str, Any]]
+    env: Environment, spec: VerifySpec, artifacts: list[Artifact], context: PythonCheck
 ) -> tuple[ExecResult, float]:
     await _stage(env, spec, artifacts)
     if spec.python is not None:
         try:
-            reward = await run_python_check(spec, PythonCheck(env=env, messages=messages, spec=spec))
+            reward = await run_python_check(spec, context)
         except PythonCheckError as exc:
             raise _CheckFailed(str(exc)) from None
         return ExecResult(exit_code=0, stdout="", stderr=""), reward

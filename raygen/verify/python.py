@@ -2,9 +2,10 @@
 
 The function gets a ``PythonCheck`` after the hidden files are staged in the grading environment, and
 returns a reward in [0, 1] (or a bool: True is 1). It may be ``async``; a plain function runs in a
-thread. It can run commands and read files in the grading environment (``check.env``) and read the
-conversation (``check.messages``). Raising, returning anything else, or outrunning ``timeout_s`` is a
-check that could not run (``verify_error``), never a reward of 0.
+thread. It can run commands and read files in the grading environment (``check.env``), read the
+conversation (``check.messages``) and call a judge model through ``check.model``. Raising, returning
+anything else, or outrunning ``timeout_s`` is a check that could not run (``verify_error``), never a
+reward of 0.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raygen.envs.base import Environment
+from raygen.model.base import ChatModel
 from raygen.verify.spec import VerifySpec
 
 
@@ -26,6 +28,9 @@ class PythonCheck:
     messages: list[dict[str, Any]] = field(default_factory=list)
     """The session's OpenAI-format messages."""
     spec: VerifySpec | None = None
+    model: ChatModel | None = None
+    """The session's model client, paced by the run's governor like every session call: a judge
+    (``await check.model.complete(messages, [])``). None under ``raygen rescore``, which calls no model."""
 
 
 class PythonCheckError(Exception):

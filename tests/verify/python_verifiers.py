@@ -28,3 +28,13 @@ def raises(check: PythonCheck) -> float:
 
 def out_of_range(check: PythonCheck) -> float:
     return 3.0
+
+
+async def judge_says_yes(check: PythonCheck) -> float:
+    """Asks the session's model (the simulator's scripted policy here) and grades by its answer."""
+    reply = await check.model.complete([{"role": "user", "content": "Is the answer right? Say yes."}], [])
+    return 1.0 if reply.message.get("content") else 0.0
+
+
+def has_no_model(check: PythonCheck) -> bool:
+    return check.model is None

@@ -41,3 +41,19 @@ async def test_a_plain_verifier_reads_the_conversation():
 async def test_verifier_problems_are_verify_errors(name, message):
     rec = await runner(ToolScript([]), LocalEnvConfig()).run(sample_of(ROW, **check(name, timeout_s=0.5)))
     assert rec.exit_status == "error:verify_error" and rec.reward is None and message in rec.error
+
+
+async def test_a_verifier_can_call_the_sessions_model_as_a_judge():
+    from raygen.config import ScriptedModelConfig, SimConfig
+    from raygen.model.scripted import ScriptedModel
+
+    class Counting(ScriptedModel):
+        calls = 0
+
+        async def complete(self, messages, tools, **kw):
+            Counting.calls += 1
+            return await super().complete(messages, tools, **kw)
+
+    model = Counting(ScriptedModelConfig(), SimConfig())
+    rec = await runner(model, LocalEnvConfig()).run(sample_of(ROW, **check("judge_says_yes")))
+    assert rec.reward == 1.0 and Counting.calls == rec.api_calls + 1  # one call more than the session's
