@@ -8,6 +8,7 @@ of the key), ``-c ray.workers=abc: ray.workers: ...`` for an override.
 from __future__ import annotations
 
 import re
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,4 +212,15 @@ def _describe(err: Any, data: dict[str, Any], layers: list[_Layer]) -> str:
     # The source that set the key last; for a missing field, the one that set its section.
     candidates = [key, *(key.rsplit(".", depth)[0] for depth in range(1, key.count(".") + 1))]
     origin = next((o for k in candidates for layer in reversed(layers) if (o := layer.origin(k))), None)
-    return f"  {origin}: {key}: {err['msg']}" if origin else f"  {key}: {err['msg']}"
+    message = err["msg"] + (_backend_hint(key) if err["type"] == "extra_forbidden" else "")
+    return f"  {origin}: {key}: {message}" if origin else f"  {key}: {message}"
+
+
+def _backend_hint(key: str) -> str:
+    """For an option of another backend than the section's ``type`` (``--api-key-env`` with the default
+    ``sim`` model): which backends have it."""
+    section, _, name = key.partition(".")
+    field = RunConfig.model_fields.get(section)
+    members = typing.get_args(field.annotation) if field is not None else ()
+    owners = [m.model_fields["type"].default for m in members if name in getattr(m, "model_fields", {})]
+    return f" (an option of {section}.type {' or '.join(owners)})" if owners else ""

@@ -66,7 +66,10 @@ def test_errors_name_the_source_and_the_key(tmp_path):
         load_config([path, "session.max_turns=zero", "env.type=nope"])
     lines = str(info.value).splitlines()
     assert f"  {path}:3: ray.wrokers: Extra inputs are not permitted" in lines
-    assert f"  {path}:6: model.base_url: Extra inputs are not permitted" in lines
+    assert (
+        f"  {path}:6: model.base_url: Extra inputs are not permitted (an option of model.type openai)"
+        in lines
+    )
     assert any(line.startswith("  -c session.max_turns=zero: session.max_turns: ") for line in lines)
     assert any(line.startswith("  -c env.type=nope: env: Input tag 'nope'") for line in lines)
 
@@ -105,3 +108,14 @@ def test_manifests_of_runs_made_before_model_type_sim_read_as_sim():
     assert model.type == "sim" and model.model == "raygen-sim"
     real = {"model": {"type": "openai", "base_url": "http://x/v1", "model": "m", "api_key_env": "K"}}
     assert run_config_from_manifest(real).model.type == "openai"
+
+
+def test_an_option_of_another_backend_says_which_backend_has_it():
+    with pytest.raises(ConfigError) as info:
+        load_config(["model.api_key_env=MY_KEY"])  # no endpoint: the simulator, which needs no key
+    assert "model.api_key_env: Extra inputs are not permitted (an option of model.type openai)" in str(
+        info.value
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(["env.type=local", "env.pull=never"])
+    assert "(an option of env.type docker or singularity)" in str(info.value)
