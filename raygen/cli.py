@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -43,7 +43,7 @@ from raygen.cli_options import (
     ToolsetPlugins,
     flag_overrides,
 )
-from raygen.cli_report import ConsoleReporter, summary_rows
+from raygen.cli_report import ConsoleReporter, print_counts, print_run_summary
 from raygen.configfile import load_config
 from raygen.drain import EXIT_RESUMABLE, StopNow
 from raygen.errors import ConfigError, InputError
@@ -196,38 +196,9 @@ def run(
         err.print(Text.assemble(("error", "bold red"), f": {exc}; --resume continues once it is back"))
         raise typer.Exit(EXIT_RESUMABLE) from None
     if result.merge is not None:
-        _print_summary(result)
+        print_run_summary(result, err)
     if result.incomplete:
         raise typer.Exit(EXIT_RESUMABLE)
-
-
-def _print_summary(result: Any) -> None:
-    stats = result.merge.stats
-    table = Table(title=f"run {result.run_dir.name}", show_header=False)
-    for label, value in summary_rows(stats):
-        table.add_row(label, str(value))
-    err.print(table)
-    tools = stats.get("tools", {})
-    if tools:
-        t = Table(title="tools (all sessions)")
-        for col in ("tool", "calls", "success", "failure", "success rate"):
-            t.add_column(col)
-        for name, s in sorted(tools.items()):
-            rate = s.get("success_rate")
-            t.add_row(
-                name,
-                str(s["count"]),
-                str(s["success"]),
-                str(s["failure"]),
-                "-" if rate is None else f"{rate:.1%}",
-            )
-        err.print(t)
-    if (rewards := verification_table(stats)) is not None:
-        err.print(rewards)
-    data = result.run_dir.describe("data")
-    # An object store needs its fsspec driver (s3fs, gcsfs) and the builder named (docs/resume.md).
-    how = f'"{data}"' if result.run_dir.is_local else f'"parquet", data_files="{data}/*.parquet"'
-    err.print(f"output: {data} (load with datasets.load_dataset({how}))", highlight=False)
 
 
 @app.command()
@@ -304,10 +275,7 @@ def merge(
         result = remerge(run_dir, overrides, output_format=output_format)
     except (ConfigError, OSError) as exc:
         _fail(exc)
-    table = Table(title=f"merged {run_dir}", show_header=False)
-    for label, value in summary_rows(result.stats):
-        table.add_row(label, str(value))
-    err.print(table)
+    print_counts(result.stats, f"merged {run_dir}", err)
     if (rewards := verification_table(result.stats)) is not None:
         err.print(rewards)
 

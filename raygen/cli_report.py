@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.table import Table
 
 from raygen.hygiene.scan import HygieneReport
 from raygen.input.validate import DatasetReport
@@ -63,3 +64,40 @@ def summary_rows(stats: dict[str, Any]) -> list[tuple[str, Any]]:
     if reasoning.get("coverage") is not None:
         rows.append(("reasoning coverage (turns)", f"{reasoning['coverage']:.1%}"))
     return rows + verification_rows(stats)
+
+
+def print_counts(stats: dict[str, Any], title: str, console: Console) -> None:
+    """The summary table of a merge (``statistics.json``)."""
+    table = Table(title=title, show_header=False)
+    for label, value in summary_rows(stats):
+        table.add_row(label, str(value))
+    console.print(table)
+
+
+def print_run_summary(result: Any, console: Console) -> None:
+    """What ``raygen run`` shows at the end: the counts, the tools, the rewards, where the data is."""
+    from raygen.verify.commands import verification_table
+
+    stats = result.merge.stats
+    print_counts(stats, f"run {result.run_dir.name}", console)
+    tools = stats.get("tools", {})
+    if tools:
+        table = Table(title="tools (all sessions)")
+        for column in ("tool", "calls", "success", "failure", "success rate"):
+            table.add_column(column)
+        for name, tool in sorted(tools.items()):
+            rate = tool.get("success_rate")
+            table.add_row(
+                name,
+                str(tool["count"]),
+                str(tool["success"]),
+                str(tool["failure"]),
+                "-" if rate is None else f"{rate:.1%}",
+            )
+        console.print(table)
+    if (rewards := verification_table(stats)) is not None:
+        console.print(rewards)
+    data = result.run_dir.describe("data")
+    # An object store needs its fsspec driver (s3fs, gcsfs) and the builder named (docs/resume.md).
+    how = f'"{data}"' if result.run_dir.is_local else f'"parquet", data_files="{data}/*.parquet"'
+    console.print(f"output: {data} (load with datasets.load_dataset({how}))", highlight=False)
