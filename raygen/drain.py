@@ -11,6 +11,8 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType, TracebackType
 
 EXIT_RESUMABLE = 75
@@ -21,6 +23,22 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 class StopNow(KeyboardInterrupt):
     """A second signal during a drain: stop at once (what is already durable stays so)."""
+
+
+@contextmanager
+def children_ignore_sigint() -> Iterator[None]:
+    """Processes started inside (the simulator, a local Ray's processes) inherit SIGINT ignored: Ctrl-C
+    in a terminal signals the whole foreground process group, and must drain the driver, not kill the
+    services under the sessions in flight. (Python and well-behaved programs keep an inherited ignored
+    SIGINT.) Meanwhile the driver ignores it too; ``Drain.install`` comes right after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class Drain:

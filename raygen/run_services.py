@@ -16,6 +16,7 @@ from pydantic import SecretStr
 
 from raygen.config import RunConfig
 from raygen.distributed.plan import WorkerPlan
+from raygen.drain import children_ignore_sigint
 from raygen.envs import environment_class
 from raygen.generation import Generation, RunSecrets
 from raygen.model.endpoint import model_endpoint
@@ -41,9 +42,10 @@ def run_services(
     with ExitStack() as stack:
         reap(config, reporter)  # containers a killed earlier attempt of this run left behind
         stack.callback(reap, config, reporter)
-        base_url = stack.enter_context(model_endpoint(config, reporter.note))
-        if ensure_ray(config.ray.address, metrics_export_port=config.ray.metrics_export_port):
-            stack.callback(shutdown_ray)
+        with children_ignore_sigint():
+            base_url = stack.enter_context(model_endpoint(config, reporter.note))
+            if ensure_ray(config.ray.address, metrics_export_port=config.ray.metrics_export_port):
+                stack.callback(shutdown_ray)
         reporter.note(RAY_DATA_ACTOR_NOTE)
         # Created by the driver so it lives exactly as long as the run (named: workers find it).
         monitor = GovernorMonitor(

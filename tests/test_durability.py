@@ -155,8 +155,12 @@ def _drain_run(tmp: Path, latency_s: float, drain_timeout_s: float, rows: int = 
     return rows_, args
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
-def test_a_signal_drains_merges_and_exits_resumable(tmp_path, sig):
+@pytest.mark.parametrize(
+    ("sig", "whole_group"),
+    [(signal.SIGTERM, False), (signal.SIGUSR1, False), (signal.SIGINT, True)],
+    ids=["SIGTERM", "SIGUSR1", "ctrl-c"],
+)
+def test_a_signal_drains_merges_and_exits_resumable(tmp_path, sig, whole_group):
     rows, args = _drain_run(tmp_path, latency_s=0.6, drain_timeout_s=120)
     run_dir = tmp_path / "runs" / "r"
     sim_log = tmp_path / "sim.jsonl"
@@ -164,7 +168,10 @@ def test_a_signal_drains_merges_and_exits_resumable(tmp_path, sig):
     try:
         started = wait_for(lambda: len(shard_records(run_dir)) >= 1, 400, proc)
         at_signal = len(shard_records(run_dir))
-        os.kill(proc.pid, sig)  # the driver only, as Slurm's --signal=B: or Kubernetes would
+        if whole_group:  # Ctrl-C in a terminal: the simulator and a local Ray get it too
+            os.killpg(proc.pid, sig)
+        else:  # the driver only, as Slurm's --signal=B: or Kubernetes would
+            os.kill(proc.pid, sig)
     finally:
         out_log = _finish(proc, tmp_path / "out.log")
     assert started, out_log[-3000:]

@@ -311,6 +311,8 @@ async def serve_forever(
     stop = asyncio.Event()
     installed = []
     for sig in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            continue  # ignored by whoever started us (raygen's driver: Ctrl-C drains the run)
         try:
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
