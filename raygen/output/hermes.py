@@ -38,7 +38,6 @@ from raygen.session.reasoning import split_reasoning
 from raygen.session.sharegpt import dialogue_turns
 
 FORMATS = ("raygen", "hermes")
-TRAJECTORIES_FILE = "trajectories.jsonl"
 
 # The reference's ``ALL_POSSIBLE_TOOLS`` (hermes-agent 0.19.0, MIT licence): the keys of every record's
 # ``tool_stats`` and ``tool_error_counts`` in its output. Records with other keys make ``datasets`` refuse

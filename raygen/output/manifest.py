@@ -31,4 +31,3 @@ def build_manifest(**fields: Any) -> dict[str, Any]:
     }
     manifest.update(fields)
     return manifest
-

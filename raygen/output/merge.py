@@ -35,8 +35,16 @@ import yaml
 
 from raygen.config import FilterConfig
 from raygen.output.filters import FAILED, KEPT, REJECTED, classify
-from raygen.output.hermes import TRAJECTORIES_FILE, HermesOptions, HermesWriter
-from raygen.output.run_dir import DATA_DIR, FAILED_DIR, OUTPUT_DIRS, REJECTED_DIR, STATISTICS_FILE, RunDir
+from raygen.output.hermes import HermesOptions, HermesWriter
+from raygen.output.run_dir import (
+    DATA_DIR,
+    FAILED_DIR,
+    OUTPUT_DIRS,
+    REJECTED_DIR,
+    STATISTICS_FILE,
+    TRAJECTORIES_FILE,
+    RunDir,
+)
 from raygen.output.schema import JSON_COLUMNS, SCHEMA, to_arrow_table
 from raygen.output.shards import RecordReader, ShardPos, ShardScanStats, iter_shard_records
 from raygen.output.stats import StatsAccumulator
@@ -242,7 +250,7 @@ def _recover_leftovers(run_dir: Path) -> None:
         if entry.is_dir() and not entry.name.startswith(_OLD_PREFIX):
             shutil.rmtree(entry, ignore_errors=True)
     (run_dir / (STATISTICS_FILE + TMP_SUFFIX)).unlink(missing_ok=True)
-    (run_dir / (TRAJECTORIES_FILE + ".tmp")).unlink(missing_ok=True)
+    (run_dir / (TRAJECTORIES_FILE + TMP_SUFFIX)).unlink(missing_ok=True)
 
 
 def _swap_in(run_dir: Path, built: Path, token: str) -> None:

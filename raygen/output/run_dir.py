@@ -36,6 +36,8 @@ DATA_DIR, REJECTED_DIR, FAILED_DIR = "data", "rejected", "failed"
 OUTPUT_DIRS = (DATA_DIR, REJECTED_DIR, FAILED_DIR)
 """The merge's output folders, in the order it writes them."""
 WORK_DIR = "work"
+TRAJECTORIES_FILE = "trajectories.jsonl"
+"""The kept sessions in Hermes Agent's format (``output.format: hermes``, output/hermes.py)."""
 REPORT_FILE = "report.html"
 """``raygen report``'s default output."""
 SAMPLE_DIR = "sample"

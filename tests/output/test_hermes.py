@@ -22,13 +22,13 @@ from raygen.input.rows import PromptRow, Sample
 from raygen.model.scripted import ScriptedModel
 from raygen.output.hermes import (
     REFERENCE_TOOLS,
-    TRAJECTORIES_FILE,
     HermesOptions,
     assistant_turn,
     convert,
     tool_content,
 )
 from raygen.output.merge import merge_run
+from raygen.output.run_dir import TRAJECTORIES_FILE
 from raygen.output.shards import ShardWriter
 from raygen.session.agent import SessionRunner
 from raygen.tools.registry import load_registry
