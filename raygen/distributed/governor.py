@@ -11,6 +11,7 @@ sandboxes, large prompts) where they can, so that waiting work holds no resource
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 from typing import Any
@@ -67,6 +68,7 @@ class GovernorService:
         self._policy = GovernorPolicy(self._config) if clock is None else GovernorPolicy(self._config, clock)
         self._metrics = GovernorMetrics(export_as) if export_as else None
         self._queue = asyncio.Lock()  # asyncio.Lock is FIFO: workers are served in arrival order
+        self._reported = asyncio.Event()  # a report may free capacity (completions, token refunds)
         self._linger_s = self._config.burst_s / 2  # a batch never spans more than half the burst window
         self.remote_calls = 0
 
@@ -93,12 +95,15 @@ class GovernorService:
                     return granted
                 deadline = self._linger_s if lingering else _MAX_SERVER_WAIT_S
                 nap = min(max(granted.wait_hint_s, 0.002), max(0.0, deadline - elapsed) + 0.001)
-                await asyncio.sleep(nap)
+                self._reported.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._reported.wait(), nap)
 
     async def report(self, holder: str, report: UsageReport) -> Lease:
         """Apply a worker's batched deltas; the reply carries the current epoch and any pause."""
         self.remote_calls += 1
         self._export()
+        self._reported.set()
         return self._policy.report(holder, report)
 
     def _export(self) -> None:

@@ -36,6 +36,9 @@ _LOOKAHEAD_S = 0.5
 _OPEN_LEASE_FACTOR = 8
 """While the governor paces nothing, leases may be this many times ``lease_size``: fewer remote calls for a
 run that never meets a limit (its slots go back at the first cut)."""
+_RATIO_STEP = 0.2
+"""Each reported usage moves the learned actual/estimate ratio a fifth of the way to what it saw."""
+_RATIO_BOUNDS = (0.02, 50.0)
 _FALLBACK_INTERVAL_S = 1.0
 """With the governor unreachable, a worker admits one request per this interval rather than stalling."""
 
@@ -77,6 +80,8 @@ class _ActorRemote:
 class _Permit:
     epoch: int
     charged_tokens: float
+    estimated_tokens: int = 0
+    """The caller's own estimate, before the learned correction."""
     released: bool = False
 
 
@@ -93,6 +98,7 @@ class _Waiter:
     est_tokens: int
     future: asyncio.Future
     since: float
+    raw_tokens: int = 0
 
 
 class GovernorClient:
@@ -143,6 +149,7 @@ class GovernorClient:
         self._fresh_demand = False  # a caller came since the last refill: only then lease ahead
         self._failures = 0
         self._paced = True  # until the governor says otherwise
+        self._token_ratio = 1.0  # actual tokens / estimated tokens, learned from reported usage
         self._closed = False
         self.stats = {"permits": 0, "remote_calls": 0, "wait_s": 0.0, "returned": 0, "rate_limited": 0}
         """Counters of this gate: permits handed out, remote calls made, time callers waited."""
@@ -156,11 +163,12 @@ class GovernorClient:
         if self._closed:
             raise RuntimeError("GovernorClient is closed")
         now = loop.time()
-        est = max(0, int(est_tokens))
+        raw = max(0, int(est_tokens))
+        est = int(raw * self._token_ratio)
         self._recent.append(now)
         self._recent_tokens.append(est)
         self._fresh_demand = True
-        waiter = _Waiter(est, loop.create_future(), now)
+        waiter = _Waiter(est, loop.create_future(), now, raw)
         self._waiters.append(waiter)
         self._dispatch()
         try:
@@ -192,6 +200,11 @@ class GovernorClient:
             # No usage: a request that got through (or timed out, maybe after being served) keeps its
             # estimate; one the provider refused consumed nothing.
             used = permit.charged_tokens if status is None or status == 200 else 0
+        elif permit.estimated_tokens > 0:
+            # Learn how far estimates are off (a 512-token max_tokens allowance for a 50-token answer):
+            # charging the estimate and refunding later would hold a token limit at the estimate's rate.
+            seen = min(_RATIO_BOUNDS[1], max(_RATIO_BOUNDS[0], used / permit.estimated_tokens))
+            self._token_ratio += _RATIO_STEP * (seen - self._token_ratio)
         report.token_adjust += used - permit.charged_tokens
         report.tokens_used += int(used)
         if status == 429:
@@ -284,7 +297,7 @@ class GovernorClient:
                 self.stats["wait_s"] += waited
                 self._pending.wait_s += waited
                 self._pending.in_flight = self._in_flight
-                waiter.future.set_result(_Permit(lease.epoch, lease.tokens_per_request))
+                waiter.future.set_result(_Permit(lease.epoch, lease.tokens_per_request, waiter.raw_tokens))
             while self._waiters and self._waiters[0].future.done():
                 self._waiters.popleft()
             if self._refill is None and not self._closed and self._want(now)[0] > 0:

@@ -65,6 +65,30 @@ async def test_an_unpaced_governor_leases_in_large_batches_until_the_first_cut()
     await gate.aclose()
 
 
+async def test_a_token_limit_is_used_even_when_estimates_are_four_times_too_high():
+    service = GovernorService(GovernorConfig(tpm=30_000, headroom=1.0))  # 500 tokens a second
+    gate = GovernorClient(service, lookahead=False, report_interval_s=0.05)
+    loop = asyncio.get_running_loop()
+    start, handed = loop.time(), []
+
+    async def caller() -> None:
+        while loop.time() < start + 4.0:
+            permit = await gate.acquire(720)  # a max_tokens allowance ...
+            handed.append(loop.time())
+            await asyncio.sleep(0.01)
+            gate.release(permit, prompt_tokens=150, completion_tokens=30, status=200)  # ... 180 used
+
+    tasks = [asyncio.ensure_future(caller()) for _ in range(20)]
+    await asyncio.sleep(4.0)
+    for task in tasks:  # the callers still waiting for a permit
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await gate.aclose()
+    late = sum(start + 2.0 <= t < start + 4.0 for t in handed) * 180 / 2.0
+    print(f"\ntpm 30000, estimates 4x too high: {late:.0f} tokens/s used in the last 2 s (limit 500)")
+    assert 0.75 * 500 <= late <= 1.2 * 500  # paced by what is used, not by the estimate (125/s)
+
+
 async def test_gate_batches_remote_calls_under_load():
     service = GovernorService(GovernorConfig(rpm=6000))
     gate = GovernorClient(service, lease_size=8)
