@@ -62,11 +62,11 @@ def test_known_rpm_paces_a_greedy_client_over_a_minute():
 
 
 def test_known_limits_are_paced_with_the_default_headroom():
-    limiter, clock = make(rpm=600, tpm=60_000, headroom=GovernorConfig().headroom)
+    policy, clock = make(rpm=600, tpm=60_000, headroom=GovernorConfig().headroom)
     assert GovernorConfig().headroom == 0.97
-    assert limiter.target_rpm == pytest.approx(582) and limiter.target_tpm == pytest.approx(58_200)
+    assert policy.target_rpm == pytest.approx(582) and policy.target_tpm == pytest.approx(58_200)
     start = clock.t
-    grants = grant_as_the_actor_does(limiter, clock, 60)
+    grants = grant_as_the_actor_does(policy, clock, 60)
     assert 580 <= len(grants) <= 583  # 97% of a minute's worth plus the initial burst (one request)
     # A sliding window of 10 s holds (a 1-s burst would not: 97 + 10 > 100); one of 1 s may see one
     # request too many when a burst falls into it (the trim after a 429 covers that).
@@ -75,17 +75,17 @@ def test_known_limits_are_paced_with_the_default_headroom():
     assert grants[0] == start
 
 
-def grant_as_the_actor_does(limiter: GovernorPolicy, clock: FakeClock, seconds: float) -> list[float]:
+def grant_as_the_actor_does(policy: GovernorPolicy, clock: FakeClock, seconds: float) -> list[float]:
     """Ask for many slots, sleeping the wait hint between asks (as GovernorService.lease does); returns
     the grant time of every slot."""
     grants: list[float] = []
     end = clock.t + seconds
     while clock.t < end:
-        got = limiter.lease("w", want_requests=1000).requests
+        got = policy.lease("w", want_requests=1000).requests
         if got:
             grants += [clock.t] * got
-            limiter.report("w", UsageReport(completed=got))
-        clock.t += max(limiter.wait_hint(1000), 1e-4)
+            policy.report("w", UsageReport(completed=got))
+        clock.t += max(policy.wait_hint(1000), 1e-4)
     return grants
 
 
@@ -350,7 +350,7 @@ def simulate(config: GovernorConfig, provider: SimConfig, *, job_s: float = 30.0
     """Discrete-time model of a job of ``job_s`` seconds' worth of the provider's limit: the provider
     counts with the simulator's own counters (``provider.rate_limit_kind``; 429 with the exact wait as
     Retry-After, as ``retry-after-ms`` gives it), 4 workers whose sessions (enough to want 3x the limit)
-    share one limiter through leases (at most lease_size, used at once, dropped when the target is cut),
+    share one policy through leases (at most lease_size, used at once, dropped when the target is cut),
     0-50 ms of network jitter, 0.5-1.5 s model latency, 50 ms for a 429 answer. Utilization = ideal
     duration / actual duration of the job."""
     rng = random.Random(seed)
