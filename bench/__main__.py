@@ -8,6 +8,8 @@ Scenarios (``--only`` takes these names, or ``governor`` for the first two):
   scale       2,000 concurrent sessions at 30 s model latency: % of ideal, peak memory
   sandboxes   start / exec / stop latency per environment backend; Docker sessions/s at 16 and 64
   verify      what a hidden check adds per session (wall s, CPU s): fresh and same mode, local and Docker
+  durability  SIGKILL of an actor and of the driver's process group at random moments, with stragglers,
+              then --resume: sessions re-sent / sessions in flight at the kill, from the simulator's log
 Raw figures go to WORK/results.json. Run it in a loopback-only namespace (``make bench``).
 """
 
@@ -29,11 +31,11 @@ from pathlib import Path
 from bench.common import Context, Row
 
 GROUPS = {"governor": ["limits", "limits3"]}
-ORDER = ["limits", "limits3", "throughput", "scale", "sandboxes", "verify"]
+ORDER = ["limits", "limits3", "throughput", "scale", "sandboxes", "verify", "durability"]
 
 
 def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
-    from bench import governor, sandboxes, scale, throughput, verify_cost
+    from bench import durability, governor, sandboxes, scale, throughput, verify_cost
 
     return {
         "limits": governor.limits,
@@ -42,6 +44,7 @@ def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
         "scale": scale.run,
         "sandboxes": sandboxes.run,
         "verify": verify_cost.run,
+        "durability": durability.run,
     }
 
 
