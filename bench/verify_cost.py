@@ -2,14 +2,14 @@
 
 Sessions of the simulator's coding script (``ScriptedModel``, no HTTP, no Ray: the figures are the
 session's own) on the vendored verified tasks (``tests/data/verified-tasks.jsonl``, HumanEval), one at a
-time, three ways per backend: without a check, with ``mode: fresh`` and with ``mode: same``. Each session
+time, three ways per backend, interleaved: no check, ``mode: fresh`` and ``mode: same``. Each session
 writes solution.py, imports it in the shell and answers; the check stages the hidden test and runs
 ``python3 test_hidden.py``.
 
-Figures: **added wall s/session** = mean session time with the check - without; the check's own
-``verification.duration_s`` is in the notes. **added CPU s/session** = this process's CPU plus its reaped
-children's (``getrusage``), per session, with - without. On Docker the commands run under the engine, not
-under this process, so its CPU figure counts only the client side (API calls, tar streams).
+Figures: **added wall s/session** = median session time with the check - without; the check's own
+``verification.duration_s`` (median) is in the notes. **added CPU s/session** = this process's CPU plus
+its reaped children's (``getrusage``), mean per session, with - without. On Docker the commands run under
+the engine, not under this process, so its CPU figure counts only the client side (API calls, tar streams).
 """
 
 from __future__ import annotations
@@ -59,7 +59,12 @@ def _samples(mode: str | None, image: str | None, count: int) -> list[Sample]:
     return out
 
 
-async def _measure(env_config, mode: str | None, image: str | None, count: int) -> dict[str, float]:
+MODES = (None, "fresh", "same")
+"""No check, then the two modes: run interleaved, one session of each in turn, so a change of load on a
+shared machine hits all three alike."""
+
+
+async def _measure(env_config, image: str | None, count: int) -> dict[str | None, dict[str, float]]:
     sim = SimConfig(solutions_file=DATA / "verified-tasks.solutions.jsonl", solve_rate=0.5)
     runner = SessionRunner(
         model=ScriptedModel(ScriptedModelConfig(), sim),
@@ -68,23 +73,31 @@ async def _measure(env_config, mode: str | None, image: str | None, count: int) 
         session=SessionConfig(),
         run_name="bench-verify",
     )
-    walls, checks, rewards = [], [], []
-    cpu0 = _cpu_s()
-    for sample in _samples(mode, image, count):
-        t0 = time.perf_counter()
-        record = await runner.run(sample)
-        walls.append(time.perf_counter() - t0)
-        if record.exit_status not in ("completed", "max_turns"):
-            raise RuntimeError(f"bench session failed: {record.exit_status}: {record.error}")
-        if record.verification is not None:
-            checks.append(record.verification.duration_s)
-            rewards.append(record.reward)
+    samples = {mode: _samples(mode, image, count) for mode in MODES}
+    walls: dict[str | None, list[float]] = {mode: [] for mode in MODES}
+    cpus: dict[str | None, list[float]] = {mode: [] for mode in MODES}
+    checks: dict[str | None, list[float]] = {mode: [] for mode in MODES}
+    passed = dict.fromkeys(MODES, 0)
+    for i in range(count):
+        for mode in MODES:
+            cpu0, t0 = _cpu_s(), time.perf_counter()
+            record = await runner.run(samples[mode][i])
+            walls[mode].append(time.perf_counter() - t0)
+            cpus[mode].append(_cpu_s() - cpu0)
+            if record.exit_status not in ("completed", "max_turns"):
+                raise RuntimeError(f"bench session failed: {record.exit_status}: {record.error}")
+            if record.verification is not None:
+                checks[mode].append(record.verification.duration_s)
+                passed[mode] += record.reward == 1.0
     return {
-        "wall_mean_s": statistics.mean(walls),
-        "cpu_per_session_s": (_cpu_s() - cpu0) / count,
-        "check_mean_s": statistics.mean(checks) if checks else 0.0,
-        "passed": sum(1 for r in rewards if r == 1.0),
-        "sessions": count,
+        mode: {
+            "wall_median_s": statistics.median(walls[mode]),
+            "cpu_mean_s": statistics.mean(cpus[mode]),
+            "check_median_s": statistics.median(checks[mode]) if checks[mode] else 0.0,
+            "passed": passed[mode],
+            "sessions": count,
+        }
+        for mode in MODES
     }
 
 
@@ -96,25 +109,19 @@ def run(ctx: Context) -> list[Row]:
         backends.append(("docker", DockerEnvConfig(cpus=1.0, memory="512m"), PYTHON_IMAGE))
     rows, figures = [], {}
     for name, env_config, image in backends:
-        base = asyncio.run(_measure(env_config, None, image, count))
-        figures[f"{name}/none"] = base
+        got = asyncio.run(_measure(env_config, image, count))
+        base = got[None]
         for mode in ("fresh", "same"):
-            got = asyncio.run(_measure(env_config, mode, image, count))
-            figures[f"{name}/{mode}"] = got
+            m = got[mode]
+            figures[f"{name}/{mode}"] = m
             note = (
-                f"check itself {got['check_mean_s']:.3f} s; session {base['wall_mean_s']:.3f} s -> "
-                f"{got['wall_mean_s']:.3f} s; {got['passed']}/{count} passed; {count} sessions one at a time"
+                f"the check itself {m['check_median_s']:.3f} s; session {base['wall_median_s']:.3f} -> "
+                f"{m['wall_median_s']:.3f} s (medians); {m['passed']}/{count} passed"
             )
-            rows.append(
-                Row(
-                    "verify",
-                    f"{name} {mode}: added wall s/session",
-                    f"{got['wall_mean_s'] - base['wall_mean_s']:.3f}",
-                    note=note,
-                )
-            )
-            cpu_note = (
-                "client side only (commands run under the engine)"
+            added = m["wall_median_s"] - base["wall_median_s"]
+            rows.append(Row("verify", f"{name} {mode}: added wall s/session", f"{added:.3f}", note=note))
+            where = (
+                "client side only: commands run under the engine"
                 if name == "docker"
                 else "process + children"
             )
@@ -122,10 +129,11 @@ def run(ctx: Context) -> list[Row]:
                 Row(
                     "verify",
                     f"{name} {mode}: added CPU s/session",
-                    f"{got['cpu_per_session_s'] - base['cpu_per_session_s']:.3f}",
-                    note=f"{base['cpu_per_session_s']:.3f} -> {got['cpu_per_session_s']:.3f} s; {cpu_note}",
+                    f"{m['cpu_mean_s'] - base['cpu_mean_s']:.3f}",
+                    note=f"{base['cpu_mean_s']:.3f} -> {m['cpu_mean_s']:.3f} s (means); {where}",
                 )
             )
+        figures[f"{name}/none"] = base
     if problem is not None:
         rows.append(Row("verify", "docker", "skipped", note=problem))
     ctx.results["verify"] = figures
