@@ -117,3 +117,17 @@ async def test_a_reward_file_left_by_the_agent_does_not_count():
         sample_of(ROW, result="reward_file", mode="same", command="true")
     )
     assert rec.exit_status == "error:verify_error" and rec.reward is None
+
+
+async def test_the_config_default_check_applies_to_rows_without_one():
+    from raygen.verify.spec import VerifySpec
+
+    row = {k: v for k, v in ROW.items() if k != "verify"}
+    r = runner(ToolScript([[write("solution.py", RIGHT)]]), ENV)
+    r.verify_default = VerifySpec(**ROW["verify"])
+    assert (await r.run(sample_of(row))).reward == 1.0
+    own = dict(ROW, verify={**ROW["verify"], "command": "exit 1"})  # a row's own check wins
+    r = runner(ToolScript([[write("solution.py", RIGHT)]]), ENV)
+    r.verify_default = VerifySpec(**ROW["verify"])
+    assert (await r.run(sample_of(own))).reward == 0.0
+    assert (await runner(ToolScript([]), ENV).run(sample_of(row))).verification is None  # no check at all
