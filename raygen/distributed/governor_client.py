@@ -150,6 +150,7 @@ class GovernorClient:
         self._failures = 0
         self._paced = True  # until the governor says otherwise
         self._token_ratio = 1.0  # actual tokens / estimated tokens, learned from reported usage
+        self._ratio_samples = 0
         self._closed = False
         self.stats = {"permits": 0, "remote_calls": 0, "wait_s": 0.0, "returned": 0, "rate_limited": 0}
         """Counters of this gate: permits handed out, remote calls made, time callers waited."""
@@ -204,7 +205,9 @@ class GovernorClient:
             # Learn how far estimates are off (a 512-token max_tokens allowance for a 50-token answer):
             # charging the estimate and refunding later would hold a token limit at the estimate's rate.
             seen = min(_RATIO_BOUNDS[1], max(_RATIO_BOUNDS[0], used / permit.estimated_tokens))
-            self._token_ratio += _RATIO_STEP * (seen - self._token_ratio)
+            step = _RATIO_STEP if self._ratio_samples else 1.0  # the first answer replaces the guess
+            self._token_ratio += step * (seen - self._token_ratio)
+            self._ratio_samples += 1
         report.token_adjust += used - permit.charged_tokens
         report.tokens_used += int(used)
         if status == 429:
