@@ -33,7 +33,7 @@ from raygen.ledger import Ledger, worker_lost_record
 from raygen.output.hermes import hermes_options
 from raygen.output.manifest import build_manifest, utc_now
 from raygen.output.merge import MergeResult, merge_run
-from raygen.output.run_dir import MANIFEST_FILE, STATISTICS_FILE, RunDir
+from raygen.output.run_dir import MANIFEST_FILE, SHARDS_DIR, STATISTICS_FILE, RunDir
 from raygen.output.run_lock import RunLock
 from raygen.output.summary import summarize
 from raygen.reporting import RunReporter
@@ -115,7 +115,7 @@ def _run(
     run_dir = RunDir.under(config.output.output_dir, run_name, config.output.storage_retry_s)
     run_dir.check()
     has_manifest = run_dir.exists(MANIFEST_FILE)
-    if resume and not has_manifest and not run_dir.list_shards():
+    if resume and not has_manifest and not run_dir.exists(SHARDS_DIR):
         # Killed before its manifest was written: nothing was recorded, so resuming is starting.
         reporter.note(f"--resume: {run_dir} holds no run yet; starting it")
     elif resume:
