@@ -112,7 +112,8 @@ def run_case(
         "sessions": run.times.count,
         "failed": run.times.failed,
         "nodes": dict(Counter(run.times.nodes)),
-        "governor": (run.statistics.get("governor") or {}).get("snapshot"),
+        # statistics.json keeps what only the live run knew under this_invocation
+        "governor": ((run.statistics.get("this_invocation") or {}).get("governor") or {}).get("snapshot"),
     }
 
 
