@@ -186,10 +186,16 @@ class _SessionState:
         if spec is None:
             return
         self.artifacts, missing = await collect_artifacts(ctx.env, spec)
+        agent_env = ctx.env
+        if spec.resolved_mode == "fresh" and agent_env is not None:
+            # Its artifacts are read: the agent's sandbox goes before the grading one starts, so a
+            # session never holds two (stack.aclose is idempotent; the ``async with`` finds it empty).
+            await self._stack.aclose()
+            agent_env = None
         try:
             graded = await grade(
                 spec,
-                agent_env=ctx.env,
+                agent_env=agent_env,
                 open_fresh=lambda: create_environment(self.runner.env_config, self._env_spec("-verify")),
                 artifacts=self.artifacts,
                 missing=missing,
