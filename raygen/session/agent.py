@@ -196,7 +196,7 @@ class _SessionState:
             graded = await grade(
                 spec,
                 agent_env=agent_env,
-                open_fresh=lambda: create_environment(self.runner.env_config, self._env_spec("-verify")),
+                open_fresh=self._grading_env,
                 artifacts=self.artifacts,
                 missing=missing,
                 messages=self.messages,
@@ -208,6 +208,18 @@ class _SessionState:
             raise SessionFailure("verify_error", str(exc)) from None
         self.reward, self.verification = graded.reward, graded.verification
         self.verification.session_status = self.exit_status
+
+    @contextlib.asynccontextmanager
+    async def _grading_env(self):
+        """A fresh environment for the check, counted as a sandbox like the session's own."""
+        async with create_environment(self.runner.env_config, self._env_spec("-verify")) as env:
+            if self.runner.on_sandbox is not None:
+                self.runner.on_sandbox(+1)
+            try:
+                yield env
+            finally:
+                if self.runner.on_sandbox is not None:
+                    self.runner.on_sandbox(-1)
 
     async def _check_image(self) -> None:
         """Fail before any model call if the row's image cannot be had (checked once per image per

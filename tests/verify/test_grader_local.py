@@ -131,3 +131,19 @@ async def test_the_config_default_check_applies_to_rows_without_one():
     r.verify_default = VerifySpec(**ROW["verify"])
     assert (await r.run(sample_of(own))).reward == 0.0
     assert (await runner(ToolScript([]), ENV).run(sample_of(row))).verification is None  # no check at all
+
+
+@pytest.mark.parametrize("mode", ["fresh", "same"])
+async def test_a_session_holds_one_sandbox_at_a_time(mode):
+    counts, held = [], 0
+
+    def on_sandbox(delta: int) -> None:
+        nonlocal held
+        held += delta
+        counts.append(held)
+
+    r = runner(ToolScript([[write("solution.py", RIGHT)]]), ENV)
+    r.on_sandbox = on_sandbox
+    rec = await r.run(sample_of(ROW, mode=mode))
+    assert rec.reward == 1.0 and max(counts) == 1 and held == 0
+    assert counts == ([1, 0, 1, 0] if mode == "fresh" else [1, 0])  # fresh: the agent's, then the check's
