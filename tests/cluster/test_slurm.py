@@ -9,6 +9,7 @@ runs inside a fixture container on this machine (see docs/cluster.md).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -166,6 +167,46 @@ def test_scancel_mid_run_leaves_no_ray_process(slurm, tmp_path):
     done = len(read_jsonl(shards.glob("*.jsonl")))
     assert done < 20, "the run finished before the cancel: nothing was tested"
     assert "done (exit code" in read(out)  # the script's own cleanup ran
+
+
+def test_usr1_drains_requeues_and_the_job_finishes_every_prompt_once(slurm, tmp_path):
+    # What a time limit does with --signal=B:USR1@...: the batch script gets USR1 mid-run, raygen drains and
+    # exits 75, the script requeues the job, and its second start resumes the run to the end.
+    env, mark = job_env(slurm, "requeue", tmp_path / "ray-logs")
+    config = write_config(tmp_path / "run.yaml", tmp_path, "requeued", latency_s=1.5)
+    out = tmp_path / "job.out"
+    proc = submit("--parsable", out=out, config=config, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().split(";")[0]
+    run = tmp_path / "runs" / "requeued"
+    deadline = time.monotonic() + 600
+    while not read_jsonl(run.glob("shards/*.jsonl")) and time.monotonic() < deadline:
+        assert job_id in squeue(env), f"the job ended before any session finished:\n{read(out)[-4000:]}"
+        time.sleep(0.5)
+    assert read_jsonl(run.glob("shards/*.jsonl")), f"no session finished in time:\n{read(out)[-4000:]}"
+
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True, timeout=30)
+    deadline = time.monotonic() + 1200
+    while "raygen exited with code 0" not in read(out) and time.monotonic() < deadline:
+        time.sleep(2)
+    log = read(out)
+    assert "raygen exited with code 75" in log, log[-6000:]
+    assert f"requeueing job {job_id}" in log and f"restart 1 of job {job_id}" in log, log[-6000:]
+    assert "raygen exited with code 0" in log, log[-6000:]
+    deadline = time.monotonic() + 120
+    while job_id in squeue(env) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert job_id not in squeue(env)
+    assert not wait_gone(mark, 30), "processes of the job survived it"
+
+    records = read_jsonl(run.glob("data/*.jsonl")) + read_jsonl(run.glob("rejected/*.jsonl"))
+    records += read_jsonl(run.glob("failed/*.jsonl"))
+    want = sorted(json.loads(line)["id"] for line in EXAMPLES.read_text().splitlines() if line.strip())
+    assert sorted(r["id"] for r in records) == want  # every prompt exactly once
+    # ... and sent to the model once: the drain let the sessions in flight finish before the requeue.
+    sim_log = read_jsonl([tmp_path / "sim-requeued.jsonl"])
+    starts = collections.Counter(e["prompt_sha"] for e in sim_log if e.get("turn") == 0)
+    assert len(starts) == len(want) and set(starts.values()) == {1}, starts
 
 
 def node_id(env: dict, slurm_node: str) -> str:
