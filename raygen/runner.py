@@ -36,6 +36,7 @@ from raygen.output.merge import MergeResult, merge_run
 from raygen.output.run_dir import MANIFEST_FILE, SHARDS_DIR, STATISTICS_FILE, RunDir
 from raygen.output.run_lock import RunLock
 from raygen.output.summary import summarize
+from raygen.output.writable import check_output_folder, check_run_name
 from raygen.reporting import RunReporter
 from raygen.run_services import RunServices, run_services
 from raygen.sink import ResultSink
@@ -111,9 +112,12 @@ def _run(
     if resume and not config.output.run_name:
         raise ConfigError("--resume needs --run-name (or output.run_name): the run folder to continue")
     run_name = config.output.run_name or default_run_name(dataset)
+    check_run_name(run_name)  # one folder name: "../x" or "/abs" would write outside --output-dir
     config = config.model_copy(update={"output": config.output.model_copy(update={"run_name": run_name})})
     run_dir = RunDir.under(config.output.output_dir, run_name, config.output.storage_retry_s)
     run_dir.check()
+    if run_dir.is_local:  # a file, read-only or full: one line now, not a traceback after the sessions
+        check_output_folder(run_dir.local_path)
     has_manifest = run_dir.exists(MANIFEST_FILE)
     if resume and not has_manifest and not run_dir.exists(SHARDS_DIR):
         # Killed before its manifest was written: nothing was recorded, so resuming is starting.

@@ -128,8 +128,10 @@ async def test_a_run_name_climbing_out_fails_before_writing(tmp_path: Path):
         out.mkdir()
         argv = [sys.executable, "-m", "raygen.cli", "run", str(dataset), "--config", str(config)]
         argv += ["--output-dir", str(out), "--run-name", "../escaped", "--env", "fake"]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env={**os.environ})
-    assert done.returncode != 0 and "--run-name '../escaped'" in done.stderr
+        env = {**os.environ, "OPENAI_API_KEY": "sk-hostile"}
+        proc = await asyncio.create_subprocess_exec(*argv, env=env, stderr=asyncio.subprocess.PIPE)
+        _, stderr = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode != 0 and "--run-name '../escaped'" in stderr.decode()
     assert not (tmp_path / "escaped").exists() and provider.requests == 0
 
 
