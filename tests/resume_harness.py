@@ -193,3 +193,33 @@ def wait_for(predicate, timeout_s: float, proc: subprocess.Popen | None = None, 
             return False
         time.sleep(poll_s)
     return False
+
+
+def session_actors(sid: int) -> list[int]:
+    """Pids of the session actors (Ray workers running ``SessionWorker``) of session ``sid``."""
+    return [int(line.split()[0]) for line in live_session_processes(sid) if "SessionWorker" in line]
+
+
+def finish(proc: subprocess.Popen, log: Path, timeout: float = 600) -> str:
+    """Wait for ``proc`` (killing its group past ``timeout``), clean up its session; returns its log."""
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            kill_group(proc, settle_s=5)
+        stop_leftovers(proc.pid)
+    return log.read_text(errors="replace")
+
+
+def assert_each_prompt_once(run_dir: Path, rows: list[dict[str, Any]], out_log: str) -> dict[str, list]:
+    """The merged output holds every row's prompt exactly once, none failed, and status agrees."""
+    out = read_outputs(run_dir)
+    assert not out["failed"], out_log[-3000:]
+    records = out["kept"] + out["rejected"]
+    assert collections.Counter(first_prompt(r) for r in records) == collections.Counter(
+        r["prompt"] for r in rows
+    )
+    assert len({r["sample_key"] for r in records}) == len(rows)
+    status = status_table(run_dir)
+    assert status["total"] == len(rows) and status["pending"] == 0
+    return out

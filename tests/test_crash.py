@@ -12,24 +12,21 @@ import collections
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from resume_harness import (
+    assert_each_prompt_once,
+    finish,
     first_prompt,
-    kill_group,
-    live_session_processes,
     prompt_sha,
-    read_outputs,
+    session_actors,
     session_starts,
     shard_records,
     sim_log_from,
     start_group,
-    status_table,
-    stop_leftovers,
     wait_for,
     write_dataset,
 )
@@ -51,33 +48,6 @@ def _setup(tmp: Path, rows: list[dict[str, Any]], latency_s: float) -> list[str]
     return ["run", str(tmp / "p.jsonl"), "--config", str(tmp / "run.yaml")]
 
 
-def _session_actors(sid: int) -> list[int]:
-    return [int(line.split()[0]) for line in live_session_processes(sid) if "SessionWorker" in line]
-
-
-def _finish(proc: subprocess.Popen, log: Path) -> str:
-    try:
-        proc.wait(timeout=600)
-    finally:
-        if proc.poll() is None:
-            kill_group(proc, settle_s=5)
-        stop_leftovers(proc.pid)
-    return log.read_text(errors="replace")
-
-
-def _assert_each_prompt_once(run_dir: Path, rows: list[dict[str, Any]], out_log: str) -> dict[str, list]:
-    out = read_outputs(run_dir)
-    assert not out["failed"], out_log[-3000:]
-    records = out["kept"] + out["rejected"]
-    assert collections.Counter(first_prompt(r) for r in records) == collections.Counter(
-        r["prompt"] for r in rows
-    )
-    assert len({r["sample_key"] for r in records}) == len(rows)
-    status = status_table(run_dir)
-    assert status["total"] == len(rows) and status["pending"] == 0
-    return out
-
-
 def test_killed_session_actor_is_restarted_and_its_sessions_run_again(tmp_path):
     rows = [{"prompt": f"Task {i}: list the files in the working directory."} for i in range(40)]
     args = _setup(tmp_path, rows, latency_s=0.3)
@@ -86,16 +56,16 @@ def test_killed_session_actor_is_restarted_and_its_sessions_run_again(tmp_path):
     try:
         # The log is flushed every second: lines mean sessions are talking to the model right now.
         busy = wait_for(lambda: sim_log.exists() and sim_log.stat().st_size > 3000, 400, proc)
-        actors = _session_actors(proc.pid)
+        actors = session_actors(proc.pid)
         assert busy and actors, "the run never reached its sessions"
         recorded_at_kill = {r["sample_key"] for r in shard_records(tmp_path / "runs" / "r")}
         for pid in actors:  # every session actor: whichever holds sessions loses them
             os.kill(pid, signal.SIGKILL)
     finally:
-        out_log = _finish(proc, tmp_path / "out.log")
+        out_log = finish(proc, tmp_path / "out.log")
     assert proc.returncode == 0, out_log[-3000:]
     run_dir = tmp_path / "runs" / "r"
-    _assert_each_prompt_once(run_dir, rows, out_log)
+    assert_each_prompt_once(run_dir, rows, out_log)
     records = shard_records(run_dir)
     # Ray restarted the actors and re-ran their tasks: one record per sample, all first attempts.
     assert sorted(r["sample_key"] for r in records) == sorted({r["sample_key"] for r in records})
@@ -122,12 +92,12 @@ def test_sample_that_kills_its_worker_is_recorded_worker_lost_and_retried_alone(
     bad = {"prompt": "Task X: list the files.", "env": {"BASH_ENV": str(poison)}, "toolsets": ["terminal"]}
     rows.insert(4, bad)
     proc = start_group(_setup(tmp_path, rows, latency_s=0.05), tmp_path / "out.log")
-    out_log = _finish(proc, tmp_path / "out.log")
+    out_log = finish(proc, tmp_path / "out.log")
     assert proc.returncode == 0, out_log[-3000:]
     assert counter.read_text().strip() == "3"
     assert "pass 2: retrying" in out_log
     run_dir = tmp_path / "runs" / "r"
-    _assert_each_prompt_once(run_dir, rows, out_log)
+    assert_each_prompt_once(run_dir, rows, out_log)
     lost = [r for r in shard_records(run_dir) if r["exit_status"] == "error:worker_lost"]
     assert lost, "no sample was recorded as worker_lost"
     keys = collections.defaultdict(list)

@@ -8,10 +8,8 @@ and checks the shard files, the output and the simulator's request log (tests/re
 
 from __future__ import annotations
 
-import collections
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -19,18 +17,18 @@ from typing import Any
 import pytest
 import yaml
 from resume_harness import (
+    assert_each_prompt_once,
+    finish,
     first_prompt,
-    kill_group,
-    live_session_processes,
     prompt_sha,
     read_outputs,
     run_cli,
+    session_actors,
     session_starts,
     shard_records,
     sim_log_from,
     start_group,
     status_table,
-    stop_leftovers,
     wait_for,
     write_dataset,
 )
@@ -74,29 +72,8 @@ def _setup(
     return ["run", str(tmp / "p.jsonl"), "--config", str(tmp / "run.yaml")]
 
 
-def _finish(proc: subprocess.Popen, log: Path, timeout: float = 600) -> str:
-    try:
-        proc.wait(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            kill_group(proc, settle_s=5)
-        stop_leftovers(proc.pid)
-    return log.read_text(errors="replace")
-
-
 def _recorded_prompts(run_dir: Path) -> set[str]:
     return {first_prompt(r) for r in shard_records(run_dir)}
-
-
-def _assert_each_prompt_once(run_dir: Path, rows: list[dict[str, Any]], out_log: str) -> None:
-    out = read_outputs(run_dir)
-    assert not out["failed"], out_log[-3000:]
-    records = out["kept"] + out["rejected"]
-    assert collections.Counter(first_prompt(r) for r in records) == collections.Counter(
-        r["prompt"] for r in rows
-    )
-    status = status_table(run_dir)
-    assert status["total"] == len(rows) and status["pending"] == 0
 
 
 def test_a_straggler_holds_back_no_other_record(tmp_path):
@@ -111,11 +88,11 @@ def test_a_straggler_holds_back_no_other_record(tmp_path):
         recorded = _recorded_prompts(run_dir)
         still_running = proc.poll() is None
     finally:
-        out_log = _finish(proc, tmp_path / "out.log")
+        out_log = finish(proc, tmp_path / "out.log")
     assert fast_done and still_running, out_log[-3000:]
     assert straggler not in recorded  # the 7 others were durable while it still ran (100x slower)
     assert proc.returncode == 0, out_log[-3000:]
-    _assert_each_prompt_once(run_dir, rows, out_log)
+    assert_each_prompt_once(run_dir, rows, out_log)
 
 
 def test_a_killed_actor_costs_only_its_sessions_in_flight(tmp_path):
@@ -129,16 +106,16 @@ def test_a_killed_actor_costs_only_its_sessions_in_flight(tmp_path):
     sim_log = tmp_path / "sim.jsonl"
     try:
         busy = wait_for(lambda: len(_recorded_prompts(run_dir)) >= 7, 400, proc)
-        actors = [int(p.split()[0]) for p in live_session_processes(proc.pid) if "SessionWorker" in p]
+        actors = session_actors(proc.pid)
         assert busy and actors, "the run never reached its sessions"
         time.sleep(1.5)  # everything finished so far is durable now (output.durable_within_s = 1)
         recorded_at_kill = _recorded_prompts(run_dir)
         for pid in actors:
             os.kill(pid, signal.SIGKILL)
     finally:
-        out_log = _finish(proc, tmp_path / "out.log")
+        out_log = finish(proc, tmp_path / "out.log")
     assert proc.returncode == 0, out_log[-3000:]
-    _assert_each_prompt_once(run_dir, rows, out_log)
+    assert_each_prompt_once(run_dir, rows, out_log)
     starts = session_starts(sim_log_from(sim_log, 0))
     resent = {sha for sha, n in starts.items() if n > 1}
     recorded_shas = {prompt_sha(p) for p in recorded_at_kill}
@@ -173,7 +150,7 @@ def test_a_signal_drains_merges_and_exits_resumable(tmp_path, sig, whole_group):
         else:  # the driver only, as Slurm's --signal=B: or Kubernetes would
             os.kill(proc.pid, sig)
     finally:
-        out_log = _finish(proc, tmp_path / "out.log")
+        out_log = finish(proc, tmp_path / "out.log")
     assert started, out_log[-3000:]
     assert proc.returncode == EXIT_RESUMABLE, out_log[-3000:]
     assert "left for --resume" in out_log
@@ -191,7 +168,7 @@ def test_a_signal_drains_merges_and_exits_resumable(tmp_path, sig, whole_group):
     offset = sim_log.stat().st_size
     resumed = run_cli(*args, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    _assert_each_prompt_once(run_dir, rows, resumed.stderr)
+    assert_each_prompt_once(run_dir, rows, resumed.stderr)
     again = session_starts(sim_log_from(sim_log, offset))
     assert not set(again) & sent and sum(again.values()) == len(rows) - len(records)
 
@@ -208,11 +185,11 @@ def test_a_second_signal_stops_at_once_keeping_what_finished(tmp_path):
         os.kill(proc.pid, signal.SIGINT)
         stopped = wait_for(lambda: proc.poll() is not None, 60)
     finally:
-        out_log = _finish(proc, tmp_path / "out.log")
+        out_log = finish(proc, tmp_path / "out.log")
     assert started and stopped, out_log[-3000:]
     assert proc.returncode == EXIT_RESUMABLE, out_log[-3000:]
     done = len(shard_records(run_dir))
     assert 1 <= done < len(rows)
     resumed = run_cli(*args, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    _assert_each_prompt_once(run_dir, rows, resumed.stderr)
+    assert_each_prompt_once(run_dir, rows, resumed.stderr)

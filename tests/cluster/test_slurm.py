@@ -107,6 +107,19 @@ def submit(flag: str, *, out: Path, config: Path, env: dict, timeout: float) -> 
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
 
 
+def submit_until_a_record(config: Path, out: Path, env: dict, run: Path) -> str:
+    """``sbatch --parsable`` the job; returns its id once the run's first record is in a shard."""
+    proc = submit("--parsable", out=out, config=config, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 600
+    while not read_jsonl(run.glob("shards/*.jsonl")) and time.monotonic() < deadline:
+        assert job_id in squeue(env), f"the job ended before any session finished:\n{read(out)[-4000:]}"
+        time.sleep(0.5)
+    assert read_jsonl(run.glob("shards/*.jsonl")), f"no session finished in time:\n{read(out)[-4000:]}"
+    return job_id
+
+
 def wait_gone(mark: str, timeout_s: float) -> list[str]:
     """The job's processes still alive after up to ``timeout_s`` (empty: all gone)."""
     deadline = time.monotonic() + timeout_s
@@ -145,15 +158,8 @@ def test_scancel_mid_run_leaves_no_ray_process(slurm, tmp_path):
     # Slow model calls: the run lasts well beyond its first finished session.
     config = write_config(tmp_path / "run.yaml", tmp_path, "cancelled", latency_s=1.5)
     out = tmp_path / "job.out"
-    proc = submit("--parsable", out=out, config=config, env=env, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    job_id = proc.stdout.strip().split(";")[0]
+    job_id = submit_until_a_record(config, out, env, tmp_path / "runs" / "cancelled")
     shards = tmp_path / "runs" / "cancelled" / "shards"
-    deadline = time.monotonic() + 600
-    while not any(shards.glob("*.jsonl")) and time.monotonic() < deadline:
-        assert job_id in squeue(env), f"the job ended before any session finished:\n{read(out)[-4000:]}"
-        time.sleep(0.5)
-    assert any(shards.glob("*.jsonl")), f"no session finished in time:\n{read(out)[-4000:]}"
     running = marked_processes(mark)
     assert any("raylet" in p for p in running) and any("raygen.cli run" in p for p in running)
 
@@ -175,15 +181,8 @@ def test_usr1_drains_requeues_and_the_job_finishes_every_prompt_once(slurm, tmp_
     env, mark = job_env(slurm, "requeue", tmp_path / "ray-logs")
     config = write_config(tmp_path / "run.yaml", tmp_path, "requeued", latency_s=1.5)
     out = tmp_path / "job.out"
-    proc = submit("--parsable", out=out, config=config, env=env, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    job_id = proc.stdout.strip().split(";")[0]
     run = tmp_path / "runs" / "requeued"
-    deadline = time.monotonic() + 600
-    while not read_jsonl(run.glob("shards/*.jsonl")) and time.monotonic() < deadline:
-        assert job_id in squeue(env), f"the job ended before any session finished:\n{read(out)[-4000:]}"
-        time.sleep(0.5)
-    assert read_jsonl(run.glob("shards/*.jsonl")), f"no session finished in time:\n{read(out)[-4000:]}"
+    job_id = submit_until_a_record(config, out, env, run)
 
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=env, check=True, timeout=30)
     deadline = time.monotonic() + 1200
