@@ -40,3 +40,26 @@ def test_success_after_reopening_is_final():
     led.reopen(["provider_bad_request"], max_attempts=3)
     led.record("bad", 2, "completed")
     assert led.next_attempt("bad", 3) is None
+
+
+def test_the_next_pass_is_planned_from_the_last_passs_files(tmp_path):
+    # Each pass after the first reads the previous pass's chunk files, not the dataset: only the samples
+    # with an attempt left come back, as that attempt, and the new files live beside the old ones.
+    from raygen.distributed.pipeline import write_pending
+    from raygen.input.rows import PromptRow, Sample
+
+    samples = [
+        Sample(row=PromptRow(prompt=f"p{i}"), sample_key=f"k{i}", prompt_index=i, line=i + 1, toolsets=[])
+        for i in range(5)
+    ]
+    first, _ = write_pending(samples, tmp_path, 2, name="pass1")
+    led = Ledger()
+    led.record("k0", 1, "completed")
+    led.record("k1", 1, "error:provider_unavailable")  # retryable
+    led.record("k2", 1, "error:provider_auth")  # final
+    led.record("k3", 1, "error:worker_lost")  # retryable
+    # k4 never came back (no record yet): it runs again as attempt 1
+    second, count = write_pending(led.still_pending(first, 3), tmp_path, 2, name="pass2")
+    again = [Sample.model_validate_json(line) for f in second for line in f.read_text().splitlines()]
+    assert count == 3 and [(s.sample_key, s.attempt) for s in again] == [("k1", 2), ("k3", 2), ("k4", 1)]
+    assert all(f.exists() for f in first)  # a pass never overwrites the files it is planned from
