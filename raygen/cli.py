@@ -48,6 +48,7 @@ from raygen.configfile import load_config
 from raygen.drain import EXIT_RESUMABLE, StopNow
 from raygen.errors import ConfigError, InputError
 from raygen.output.storage import StorageError
+from raygen.output.writable import storage_failure
 from raygen.verify.commands import verification_table
 
 app = typer.Typer(
@@ -194,6 +195,12 @@ def run(
         raise typer.Exit(EXIT_RESUMABLE) from None
     except StorageError as exc:  # the run's storage stayed unreachable: what is stored stays
         err.print(Text.assemble(("error", "bold red"), f": {exc}; --resume continues once it is back"))
+        raise typer.Exit(EXIT_RESUMABLE) from None
+    except OSError as exc:  # the output disk filled up (or went read-only) mid-run: one line, not a traceback
+        line = storage_failure(exc, cfg.output.output_dir)
+        if line is None:
+            raise
+        err.print(Text.assemble(("error", "bold red"), f": {line}"), soft_wrap=True)
         raise typer.Exit(EXIT_RESUMABLE) from None
     if result.merge is not None:
         print_run_summary(result, err)

@@ -81,12 +81,12 @@ STORAGE_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 """Write errors that mean the output storage itself gave out (full, over quota, read-only)."""
 
 
-def storage_failure(exc: BaseException) -> str | None:
+def storage_failure(exc: BaseException, output_dir: str | os.PathLike = "the output folder") -> str | None:
     """One line for a write that failed because the output storage gave out during a run, else None
     (any other error keeps its traceback: it is a bug to see)."""
     if not isinstance(exc, OSError) or exc.errno not in STORAGE_FULL_ERRNOS:
         return None
-    where = exc.filename or "the output folder"
+    where = exc.filename or f"under {os.fspath(output_dir)}"
     return (
         f"cannot write {where}: {_cause(exc)}; the records already written stay: make room, then run "
         "again with --resume"
