@@ -74,7 +74,8 @@ class SimConfig(_Section):
     solutions_file: Path | None = None
     """For verified-task demos and tests: a JSONL of reference solutions (``{"id", "solution_py"}``, as
     ``verified-tasks.solutions.jsonl``). A prompt asking to write a Python file gets the one completing its
-    code in a share ``solve_rate`` of sessions, else the bare code (which fails the hidden tests)."""
+    code in a share ``solve_rate`` of sessions, else the bare code (which fails the hidden tests). Unset:
+    every prompt gets the probe script."""
     solve_rate: float = Field(0.5, ge=0, le=1)
     """Share of coding sessions (drawn per prompt and request ``seed``) that write the reference solution."""
 

@@ -1,8 +1,10 @@
 """The simulator's coding script, for verified tasks: prompts that ask for a Python file.
 
-A prompt in the form of ``../shared/datasets/verified-tasks.jsonl`` ("Complete this Python function ...
-Write the whole function ... to solution.py ...:\\n\\n<code>") gets a three-step session: write the file,
-import it in the shell (the agent "tests it"), answer. What it writes decides the reward:
+Opt-in with ``sim.solutions_file`` (without it every prompt keeps the probe script of
+``raygen.sim.policy``). A prompt in the form of ``../shared/datasets/verified-tasks.jsonl``
+("Complete this Python function ... Write the whole function ... to solution.py ...:\\n\\n<code>") gets
+a three-step session: write the file, import it in the shell (the agent "tests it"), answer. What it
+writes decides the reward:
 
 - the reference solution, when ``sim.solutions_file`` holds one for the prompt's code and the session's
   draw falls under ``sim.solve_rate``;
@@ -81,6 +83,8 @@ def coding_step(
 ) -> CodingStep | None:
     """The next step for a coding prompt (None if the prompt is not one). ``calls_so_far``: names of the
     tools called in earlier turns."""
+    if cfg.solutions_file is None:  # opt-in: without solutions every prompt gets the probe script
+        return None
     task = coding_task(prompt)
     if task is None:
         return None
