@@ -50,7 +50,8 @@ def run(ctx: Context) -> list[Row]:
         ctx.log(f"durability round {i}: {figures}")
         per_round.append(figures)
         totals.update(figures)
-    ctx.results["durability"] = {"rounds": per_round, "totals": dict(totals)}
+    waits = _ray_data_waits(ctx.log)
+    ctx.results["durability"] = {"rounds": per_round, "totals": dict(totals), "ray_data_waits": waits}
     in_flight = totals["in_flight"]
     ratio = totals["resent"] / in_flight if in_flight else float("nan")
     base = f"{rounds} rounds x {prompts} prompts, 5% stragglers (50x), 2 actors x {SLOTS}"
@@ -82,12 +83,39 @@ def run(ctx: Context) -> list[Row]:
         ),
         Row(
             "durability",
+            "Ray Data output: a finished row's wait",
+            f"{min(waits):.1f}-{max(waits):.1f} s" if waits else "n/a",
+            "why records take the control actor",
+            None,
+            "bench/raydata_probe.py: an async map_batches UDF yields each row as it finishes; iter_batches "
+            "gets them when the task's 20-s straggler ends",
+        ),
+        Row(
+            "durability",
             "every prompt exactly once after --resume",
             str(totals["exact"] == rounds),
             "True",
             totals["exact"] == rounds,
         ),
     ]
+
+
+def _ray_data_waits(log: Any) -> list[float]:
+    """Seconds each non-straggler row of bench/raydata_probe.py waited between finishing and reaching the
+    driver."""
+    probe = subprocess.run(
+        [sys.executable, "-m", "bench.raydata_probe"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=600,
+    )
+    try:
+        rows = json.loads(probe.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        log(f"durability: the Ray Data probe failed: {probe.stderr[-1500:]}")
+        return []
+    return [r["delivered"] - r["done"] for r in rows if r["id"] != 0]
 
 
 def _round(work: Path, prompts: int, rng: random.Random, log: Any) -> dict[str, int]:
