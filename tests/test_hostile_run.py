@@ -54,16 +54,9 @@ async def test_a_run_against_a_hostile_provider(tmp_path: Path):
             "governor": {"rpm": 600, "max_pause_s": 2},
             "output": {"output_dir": str(tmp_path / "runs"), "run_name": "hostile"},
         }
-        (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-        argv = [
-            sys.executable,
-            "-m",
-            "raygen.cli",
-            "run",
-            str(dataset),
-            "--config",
-            str(tmp_path / "run.yaml"),
-        ]
+        config_path = tmp_path / "run.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        argv = [sys.executable, "-m", "raygen.cli", "run", str(dataset), "-c", str(config_path)]
         proc = await asyncio.create_subprocess_exec(
             *argv,
             env={**os.environ, "OPENAI_API_KEY": "sk-hostile"},
