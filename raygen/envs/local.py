@@ -19,6 +19,7 @@ import errno
 import functools
 import logging
 import os
+import platform
 import posixpath
 import re
 import shutil
@@ -50,6 +51,19 @@ BWRAP_FLAGS = ("--unshare-net", "--unshare-pid", "--die-with-parent", "--new-ses
 
 SUBREAPER = str(Path(__file__).with_name("subreaper.py"))
 """The script every command of the bare local backend runs under (see its docstring)."""
+_PRCTL_SYSCALL = {"x86_64": 157, "aarch64": 167}
+"""prctl's syscall number, for the Perl twin of the script (``subreaper.pl``)."""
+
+
+@functools.cache
+def subreaper_prefix() -> tuple[str, ...]:
+    """What goes before ``bash -c COMMAND``: the Perl subreaper where perl exists and the architecture's
+    prctl number is known (about 3 ms of CPU a command), else the Python one (about 18 ms)."""
+    perl, number = shutil.which("perl"), _PRCTL_SYSCALL.get(platform.machine())
+    if perl and number:
+        return (perl, str(Path(__file__).with_name("subreaper.pl")), str(number))
+    return (sys.executable, "-I", "-S", SUBREAPER)
+
 
 _warned_not_sandbox = False
 
@@ -179,7 +193,7 @@ class LocalEnvironment(Environment):
             # Under the subreaper, whatever the command detaches stays findable (bwrap has a PID
             # namespace instead, which ends with the command).
             if self.config.subreaper:
-                return [sys.executable, "-I", "-S", SUBREAPER, "bash", "-c", command]
+                return [*subreaper_prefix(), "bash", "-c", command]
             return ["bash", "-c", command]
         extra = tuple(self.config.bwrap_ro_binds)
         return [

@@ -9,7 +9,8 @@ is gone. ``LocalEnvironment`` kills the whole tree under that group on timeout a
 (``raygen.envs.processes.kill_process_trees``).
 
 This front process waits only for the command itself and exits as it did: background jobs do not hold
-the call, exactly as without the script.
+the call, exactly as without the script. ``subreaper.pl`` is its Perl twin (same steps, a sixth of the
+start-up CPU), used where perl exists (``raygen.envs.local.subreaper_prefix``); the tests run both.
 """
 
 import ctypes

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -16,9 +17,23 @@ from pathlib import Path
 import pytest
 
 from raygen.config import LocalEnvConfig
+from raygen.envs import local
 from raygen.envs.base import EnvSpec
 from raygen.envs.local import LocalEnvironment
 from tests.envs.conformance import alive_host_pids
+
+
+@pytest.fixture(autouse=True, params=["perl", "python"])
+def implementation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test with each twin of the subreaper (subreaper.pl where perl exists, else subreaper.py)."""
+    if request.param == "perl":
+        prefix = local.subreaper_prefix()
+        if "perl" not in prefix[0]:
+            pytest.skip("no perl here, or an architecture without a known prctl number")
+    else:
+        prefix = (sys.executable, "-I", "-S", local.SUBREAPER)
+    monkeypatch.setattr(local, "subreaper_prefix", lambda: prefix)
+    return request.param
 
 
 def make_env(root: Path) -> LocalEnvironment:
