@@ -126,3 +126,23 @@ def test_merge_reapplies_filters_and_rescore_reproduces_the_rewards(run):
     done = raygen("rescore", str(run_dir))
     assert f"rescored {ROWS * 4} sessions: 0 changed" in done.stderr
     assert {r["sample_key"]: r["reward"] for r in all_records(run_dir)} == before
+
+
+def test_a_check_that_times_out_is_retried_and_never_a_zero(tmp_path):
+    rows = [json.loads(line) for line in (EXAMPLE / "verified.jsonl").read_text().splitlines()][:2]
+    for row in rows:
+        row["verify"] = {**row["verify"], "command": "sleep 30", "timeout_s": 0.5}
+    dataset = tmp_path / "slow-checks.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = ["-c", "examples/verified/sim.yaml", "--output-dir", str(tmp_path), "--run-name", "t"]
+    raygen(
+        "run", str(dataset), *common, "--max-attempts", "2", "-c", "retry.pass_delay_s=0", "--workers", "1"
+    )
+    run_dir = tmp_path / "t"
+    stats = json.loads((run_dir / "statistics.json").read_text())
+    assert stats["counts"]["failed"] == {"verify_error": 2}
+    v = stats["verification"]
+    assert (v["graded"], v["verify_errors"], v["mean_reward"], v["pass_at_k"]) == (0, 2, None, {})
+    attempts = read_jsonl(run_dir.glob("shards/*.jsonl"))
+    assert sorted(r["attempt"] for r in attempts) == [1, 1, 2, 2]  # retried per the policy
+    assert all(r["reward"] is None and "timed out" in r["error"] for r in attempts)
