@@ -192,20 +192,24 @@ class _SessionState:
             # session never holds two (stack.aclose is idempotent; the ``async with`` finds it empty).
             await self._stack.aclose()
             agent_env = None
-        try:
-            graded = await grade(
-                spec,
-                agent_env=agent_env,
-                open_fresh=self._grading_env,
-                artifacts=self.artifacts,
-                missing=missing,
-                messages=self.messages,
-                model=self.runner.model,
-            )
-        except VerifyError as exc:
-            self.verification = exc.verification
-            self.verification.session_status = self.exit_status
-            raise SessionFailure("verify_error", str(exc)) from None
+        for attempt in range(spec.retries + 1):
+            try:
+                graded = await grade(
+                    spec,
+                    agent_env=agent_env,
+                    open_fresh=self._grading_env,
+                    artifacts=self.artifacts,
+                    missing=missing,
+                    messages=self.messages,
+                    model=self.runner.model,
+                )
+                break
+            except VerifyError as exc:
+                if attempt < spec.retries:
+                    continue
+                self.verification = exc.verification
+                self.verification.session_status = self.exit_status
+                raise SessionFailure("verify_error", f"{exc} ({attempt + 1} run(s) of the check)") from None
         self.reward, self.verification = graded.reward, graded.verification
         self.verification.session_status = self.exit_status
 

@@ -76,6 +76,10 @@ class VerifySpec(BaseModel):
     reward_file: str = "reward.txt"
     """File the command writes its reward to (``result: reward_file``); a ``.json`` file holds
     ``{"reward": x}``."""
+    retries: int = Field(0, ge=0, le=10)
+    """Runs of a check that could not run again at once (a flaky verifier, a grading sandbox that did not
+    start), on the same artifacts, before the session fails with ``verify_error`` (which the run's retry
+    policy may then run again as a whole session)."""
     pass_threshold: float = Field(1.0, ge=0, le=1)
     """A reward at or above this counts as passed."""
     mode: Mode | None = None

@@ -147,3 +147,17 @@ async def test_a_session_holds_one_sandbox_at_a_time(mode):
     rec = await r.run(sample_of(ROW, mode=mode))
     assert rec.reward == 1.0 and max(counts) == 1 and held == 0
     assert counts == ([1, 0, 1, 0] if mode == "fresh" else [1, 0])  # fresh: the agent's, then the check's
+
+
+async def test_a_flaky_check_is_run_again_on_the_same_artifacts(tmp_path):
+    # The check hangs the first time it runs and passes the next: a marker outside the sandbox counts runs.
+    marker = tmp_path / "ran-once"
+    flaky = f"if [ -e {marker} ]; then python3 test_hidden.py; else touch {marker}; sleep 30; fi"
+    spec = {"command": flaky, "timeout_s": 1.0}
+    once = await runner(ToolScript([[write("solution.py", RIGHT)]]), ENV).run(sample_of(ROW, **spec))
+    assert once.exit_status == "error:verify_error" and "(1 run(s) of the check)" in once.error
+    marker.unlink()
+    twice = await runner(ToolScript([[write("solution.py", RIGHT)]]), ENV).run(
+        sample_of(ROW, retries=1, **spec)
+    )
+    assert twice.exit_status == "completed" and twice.reward == 1.0
