@@ -130,22 +130,25 @@ async def regrade(
     session_status = record.verification.session_status if record.verification else ""
     session_status = session_status or "completed"
     fresh = spec.model_copy(update={"mode": "fresh"})
-    update: dict[str, Any]
-    try:
-        graded = await grade(
-            fresh,
-            agent_env=None,
-            open_fresh=lambda: create_environment(env_config, env_spec),
-            artifacts=artifacts,
-            missing=missing,
-            messages=record.messages,
-        )
-    except VerifyError as exc:
-        exc.verification.session_status = session_status
-        update = {"reward": None, "verification": exc.verification, "exit_status": "error:verify_error"}
-        update.update(completed=False, error=f"verify_error: {exc}")
-    else:
-        graded.verification.session_status = session_status
-        update = {"reward": graded.reward, "verification": graded.verification, "exit_status": session_status}
-        update.update(completed=session_status == "completed", error=None)
+    for attempt in range(spec.retries + 1):
+        try:
+            graded = await grade(
+                fresh,
+                agent_env=None,
+                open_fresh=lambda: create_environment(env_config, env_spec),
+                artifacts=artifacts,
+                missing=missing,
+                messages=record.messages,
+            )
+            break
+        except VerifyError as exc:
+            if attempt < spec.retries:
+                continue
+            exc.verification.session_status = session_status
+            update = {"reward": None, "verification": exc.verification, "exit_status": "error:verify_error"}
+            update.update(completed=False, error=f"verify_error: {exc}")
+            return record.model_copy(update=update)
+    graded.verification.session_status = session_status
+    update = {"reward": graded.reward, "verification": graded.verification, "exit_status": session_status}
+    update.update(completed=session_status == "completed", error=None)
     return record.model_copy(update=update)
