@@ -249,7 +249,8 @@ def _recover_leftovers(run_dir: Path) -> None:
     for entry in run_dir.glob(_TMP_PREFIX + "*"):
         if entry.is_dir() and not entry.name.startswith(_OLD_PREFIX):
             shutil.rmtree(entry, ignore_errors=True)
-    (run_dir / (STATISTICS_FILE + TMP_SUFFIX)).unlink(missing_ok=True)
+    for torn in run_dir.glob(f"{STATISTICS_FILE}*{TMP_SUFFIX}"):  # a write killed before its rename
+        torn.unlink(missing_ok=True)
     (run_dir / (TRAJECTORIES_FILE + TMP_SUFFIX)).unlink(missing_ok=True)
 
 

@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,7 +179,8 @@ class LocalStorage(Storage):
     def put(self, path: str, chunks: Iterable[bytes]) -> None:
         directory = os.path.dirname(path) or "."
         os.makedirs(directory, exist_ok=True)
-        tmp = path + TMP_SUFFIX
+        # A temp name of its own: two writers of one file (a lock's holder and a taker) never collide.
+        tmp = f"{path}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}"
         try:
             with open(tmp, "wb") as fh:
                 for chunk in chunks:
