@@ -276,7 +276,7 @@ def merge(
     """Re-run the filtered merge from the shards (no model calls), e.g. with other filters or
     --format hermes."""
     overrides = flag_overrides(merge, locals()).get("filters", {})
-    from raygen.run_dir import remerge
+    from raygen.run_commands import remerge
 
     try:
         result = remerge(run_dir, overrides, output_format=output_format)
@@ -290,7 +290,7 @@ def merge(
 @app.command()
 def status(run_dir: RunDirArg) -> None:
     """Accounting of a run: total = kept + rejected + failed + pending."""
-    from raygen.run_dir import run_status
+    from raygen.run_commands import run_status
 
     try:
         st = run_status(run_dir)
@@ -306,7 +306,7 @@ def status(run_dir: RunDirArg) -> None:
 def clean(run_dir: RunDirArg) -> None:
     """Remove containers and sandboxes a killed run left on this node."""
     from raygen.envs import environment_class
-    from raygen.run_dir import read_run_config
+    from raygen.run_commands import read_run_config
 
     try:
         config = read_run_config(run_dir)

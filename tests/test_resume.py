@@ -45,7 +45,7 @@ from raygen.input.rows import PromptRow, Sample
 from raygen.ledger import Ledger, worker_lost_record
 from raygen.output.shards import ShardWriter
 from raygen.records import ReasoningCounts, Trajectory
-from raygen.run_dir import remerge, run_status, write_keys
+from raygen.run_commands import remerge, run_status, write_keys
 from raygen.runner import run
 
 # ---------------------------------------------------------------------------------------------- no Ray

@@ -26,7 +26,7 @@ from raygen.output.merge import MergeResult, choose_finals
 from raygen.output.run_dir import RunDir
 from raygen.output.shards import RecordReader, ShardScanStats, ShardWriter
 from raygen.records import Artifact, Trajectory
-from raygen.run_dir import read_run_config, remerge
+from raygen.run_commands import read_run_config, remerge
 from raygen.verify.grader import VerifyError, grade
 from raygen.verify.spec import VerifySpec
 
