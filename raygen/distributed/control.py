@@ -37,14 +37,15 @@ class RunControl:
         self._draining = False
         self.skipped = 0
 
-    async def begin(self, sample_key: str, attempt: int) -> bool:
-        """Whether a session of ``sample_key`` (this attempt) may start now."""
+    async def begin(self, sample_key: str, attempt: int) -> str:
+        """Whether a session of ``sample_key`` (this attempt) may start now: ``run``, or why not:
+        ``finished`` (in this run already) or ``draining`` (and so will every later one be)."""
         key = (sample_key, attempt)
         if self._draining or key in self._finished:
             self.skipped += 1
-            return False
+            return "draining" if self._draining else "finished"
         self._running[key] = time.monotonic()
-        return True
+        return "run"
 
     async def finish(self, sample_key: str, attempt: int, record_json: str, summary_json: str) -> None:
         """A session ended: its record goes to the driver, and it never starts again in this run."""

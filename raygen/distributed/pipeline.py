@@ -42,6 +42,8 @@ _TASK_RETRIES = 2
 # Longest wait for a finished record in one call to the control actor: bounds how late a time-based
 # flush and a drain's checks run.
 _TAKE_WAIT_S = 0.2
+# After a drain, how long the driver waits for Ray Data to run through the samples that are skipped.
+_DRAIN_ITERATION_S = 10.0
 # max_task_retries has no named map_batches parameter yet (Ray 2.60), only the deprecated **ray_remote_args.
 warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated", module=__name__)
 
@@ -126,7 +128,10 @@ def run_pipeline(
             state = ray.get(control.state.remote())
             if drain.expired or state["running"] == 0:
                 log.info("drain ended (timed out: %s): %s", drain.expired, state)
-                return  # Ray Data goes on skipping what is left until Ray stops; nothing more starts
+                # The actors skip what is left without a session; give Ray Data a moment to end the
+                # iteration, else it is abandoned (Ray stops under it, which it logs noisily).
+                consumer.done.wait(_DRAIN_ITERATION_S)
+                return
 
 
 class _Consumer:

@@ -63,6 +63,7 @@ class SessionWorker:
             on_sandbox=self.metrics.sandbox_opened,
         )
         self.slots = asyncio.Semaphore(cfg.ray.sessions_per_worker)
+        self.draining = False
         self.pid = os.getpid()
 
     async def _one(self, text: str) -> bool:
@@ -70,7 +71,13 @@ class SessionWorker:
         draining); returns whether it ran."""
         sample = Sample.model_validate_json(text)
         async with self.slots:
-            if not await self.control.begin.remote(sample.sample_key, sample.attempt):
+            if self.draining:
+                return False
+            answer = await self.control.begin.remote(sample.sample_key, sample.attempt)
+            if answer != "run":
+                # Draining is for good: the rest of this actor's samples skip without asking, so Ray Data's
+                # iteration ends soon after the sessions in flight.
+                self.draining = answer == "draining"
                 return False
             self.metrics.session_started()
             record = await self.runner.run(sample)
