@@ -82,10 +82,12 @@ async def run_in_own_mounts(
     script = (
         f"mount -t tmpfs -o {mount} tmpfs {out} && {filler}"
         f"mount -o remount,$RO {out} && "
-        f'"$@" --output-dir {out} --run-name r1 {" ".join(extra)}'
+        f'setsid -w "$@" --output-dir {out} --run-name r1 {" ".join(extra)}'
     )
     if then_resume:
-        script += f'; echo "=== resume" >&2; "$@" --output-dir {out} --run-name r1 --resume'
+        # Each run in its own process group: a run that ends Ray by killing its group must not end this
+        # shell before the resume.
+        script += f'; echo "=== resume" >&2; setsid -w "$@" --output-dir {out} --run-name r1 --resume'
     env = {**os.environ, "OPENAI_API_KEY": "sk-hostile", "RO": "ro" if "ro" in mount.split(",") else "rw"}
     argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *raygen]
     proc = await asyncio.create_subprocess_exec(
@@ -154,6 +156,7 @@ async def test_a_disk_filled_mid_run_fails_in_one_line_and_a_resume_spends_no_mo
         done = await run_in_own_mounts(
             tmp_path, provider.url, "size=72m", fill=False, config=config, then_resume=True
         )
+    assert done.stderr.count("=== resume\n") == 1, done.stderr[-3000:]
     first, resumed = done.stderr.split("=== resume\n")
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     [line] = [line for line in first.splitlines() if "no space left on the device" in line]
