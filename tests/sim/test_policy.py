@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from raygen.config import SimConfig
-from raygen.sim.policy import plan_for, respond
+from raygen.sim.policy import is_slow, plan_for, respond
 
 VERIFY_RE = re.compile(r"RAYGEN-VERIFY terminal=(ok|fail|skip) file=(ok|fail|skip)")
 
@@ -275,3 +275,13 @@ def test_content_parts_are_read_as_text():
     as_parts = respond({"messages": [{"role": "user", "content": parts}]}, BASE)
     as_text = respond({"messages": [{"role": "user", "content": "multipart"}]}, BASE)
     assert as_parts.decision["nonce"] == as_text.decision["nonce"] == plan_for("multipart", BASE).nonce
+
+
+def test_stragglers_are_chosen_per_prompt_at_about_slow_rate():
+    prompts = [f"Task {i}: list the files." for i in range(2000)]
+    cfg = SimConfig(slow_rate=0.1)
+    slow = [p for p in prompts if is_slow(p, cfg)]
+    assert 150 < len(slow) < 250  # ~10%
+    assert slow == [p for p in prompts if is_slow(p, SimConfig(slow_rate=0.1))]  # the same every time
+    assert not any(is_slow(p, SimConfig()) for p in prompts)  # off by default
+    assert set(slow) != {p for p in prompts if is_slow(p, SimConfig(slow_rate=0.1, seed=1))}  # seeded
