@@ -80,13 +80,18 @@ def test_killed_session_actor_is_restarted_and_its_sessions_run_again(tmp_path):
 
 
 def test_sample_that_kills_its_worker_is_recorded_worker_lost_and_retried_alone(tmp_path):
-    # bash sources BASH_ENV before every command of the poisoned row: it kills the session actor (the
-    # command's parent) on its first three runs. Ray re-runs the task twice, then gives up on it.
+    # bash sources BASH_ENV before every command of the poisoned row: it kills the session actor running
+    # it on its first three runs. Ray re-runs the task twice, then gives up on it.
     counter = tmp_path / "kills"
     poison = tmp_path / "poison.sh"
+    # The actor: the shell's nearest ancestor running SessionWorker (commands run under a subreaper).
     poison.write_text(
-        f'n=$(cat {counter} 2>/dev/null || echo 0)\nif [ "$n" -lt 3 ]; then echo $((n + 1)) > {counter}; '
-        "kill -9 $PPID; fi\n"
+        "p=$PPID\n"
+        'while [ "$p" -gt 1 ] && ! grep -q SessionWorker "/proc/$p/cmdline" 2>/dev/null; do\n'
+        '    p=$(cut -d" " -f4 "/proc/$p/stat" 2>/dev/null || echo 1)\n'
+        "done\n"
+        f'n=$(cat {counter} 2>/dev/null || echo 0)\nif [ "$n" -lt 3 ] && [ "$p" -gt 1 ]; then '
+        f'echo $((n + 1)) > {counter}; kill -9 "$p"; fi\n'
     )
     rows = [{"prompt": f"Task {i}: list the files in the working directory."} for i in range(11)]
     bad = {"prompt": "Task X: list the files.", "env": {"BASH_ENV": str(poison)}, "toolsets": ["terminal"]}
