@@ -29,6 +29,12 @@ class RunServices:
     """What every session actor is built from (endpoint resolved, secrets wrapped)."""
     monitor: Any
     """``GovernorMonitor``: the governor's line for the progress display and its history."""
+    generation: Generation
+    reporter: RunReporter
+
+    @property
+    def config(self) -> RunConfig:
+        return self.plan.config
 
 
 @contextmanager
@@ -59,7 +65,7 @@ def run_services(
             config_fingerprint=generation.fingerprint,
             secret_values=[SecretStr(v) for v in secrets.values],
         )
-        yield RunServices(plan=plan, monitor=monitor)
+        yield RunServices(plan=plan, monitor=monitor, generation=generation, reporter=reporter)
 
 
 def reap(config: RunConfig, reporter: RunReporter) -> None:

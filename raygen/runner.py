@@ -173,9 +173,9 @@ def _run(
     with Drain(config.retry.drain_timeout_s) as drain:  # SIGTERM/SIGINT/SIGUSR1: finish, merge, exit 75
         if pending:
             samples = _pending_samples(config, dataset, generation, ledger)
-            result.sessions_run, live = _execute(
-                config, generation, secrets, samples, run_dir, ledger, reporter, drain
-            )
+            with run_services(config, generation, secrets, reporter) as services:
+                drain.install()  # over the SIGTERM handler ray.init set
+                result.sessions_run, live = _run_passes(services, samples, run_dir, ledger, drain)
             left = sum(ledger.next_attempt(key, max_attempts) is not None for key in expected)
             result.incomplete = drain.requested and left > 0
             if result.incomplete:
@@ -288,64 +288,51 @@ def _check_isolation(config: RunConfig, rows: int, allowed: bool) -> None:
         )
 
 
-def _execute(
-    config: RunConfig,
-    generation: Generation,
-    secrets: RunSecrets,
-    samples: Iterator[Sample],
-    run_dir: RunDir,
-    ledger: Ledger,
-    reporter: RunReporter,
-    drain: Drain,
+def _run_passes(
+    services: RunServices, samples: Iterator[Sample], run_dir: RunDir, ledger: Ledger, drain: Drain
 ) -> tuple[int, dict[str, Any]]:
     """Run ``samples`` (the pending ones, as their next attempt) in passes until nothing is pending or
-    ``drain`` is requested, within the run's services. Returns the number of sessions run and what only
-    the live run knows (statistics of every attempt, the governor's history)."""
+    ``drain`` is requested. Returns the number of sessions run and what only the live run knows
+    (statistics of every attempt, the governor's history)."""
     from raygen.distributed.pipeline import write_pending
 
+    config = services.config
     work = run_dir.work_dir()  # on the driver's local disk, whatever storage holds the run
-    with run_services(config, generation, secrets, reporter) as services:
-        drain.install()  # over the SIGTERM handler ray.init set
-        sink = ResultSink(run_dir, ledger, config, reporter, services.monitor.line)
-        try:
-            for pass_no in range(1, config.retry.max_attempts + 1):
-                if drain.requested:
-                    break
-                # One chunk is one Ray task: one actor's worth of sessions keeps the actors full (a task
-                # re-run after its actor died skips the sessions that had finished: control.py).
-                files, count = write_pending(
-                    samples,
-                    work,
-                    config.ray.sessions_per_worker,
-                    alone=ledger.lost_worker_before,
-                    name=f"pass{pass_no}",
+    sink = ResultSink(run_dir, ledger, config, services.reporter, services.monitor.line)
+    try:
+        for pass_no in range(1, config.retry.max_attempts + 1):
+            if drain.requested:
+                break
+            # One chunk is one Ray task: one actor's worth of sessions keeps the actors full (a task
+            # re-run after its actor died skips the sessions that had finished: control.py).
+            files, count = write_pending(
+                samples,
+                work,
+                config.ray.sessions_per_worker,
+                alone=ledger.lost_worker_before,
+                name=f"pass{pass_no}",
+            )
+            if not count:
+                break
+            if pass_no > 1:
+                services.reporter.note(
+                    f"pass {pass_no}: retrying {count} samples after infrastructure failures"
                 )
-                if not count:
-                    break
-                if pass_no > 1:
-                    reporter.note(f"pass {pass_no}: retrying {count} samples after infrastructure failures")
-                    time.sleep(config.retry.pass_delay_s * 2 ** (pass_no - 2))  # backoff: 1x, 2x, 4x ...
-                _run_pass(services, sink, generation, files, count, drain)
-                # The next pass is planned from this one's files: only their samples can still be pending.
-                samples = ledger.still_pending(files, config.retry.max_attempts)
-        finally:
-            sink.close()
-            for leftover in work.glob("*.jsonl"):
-                leftover.unlink()
-        live = sink.live_statistics()
-        if (governor := services.monitor.report()) is not None:
-            live["governor"] = governor
+                time.sleep(config.retry.pass_delay_s * 2 ** (pass_no - 2))  # backoff: 1x, 2x, 4x ...
+            _run_pass(services, sink, files, count, drain)
+            # The next pass is planned from this one's files: only their samples can still be pending.
+            samples = ledger.still_pending(files, config.retry.max_attempts)
+    finally:
+        sink.close()
+        for leftover in work.glob("*.jsonl"):
+            leftover.unlink()
+    live = sink.live_statistics()
+    if (governor := services.monitor.report()) is not None:
+        live["governor"] = governor
     return sink.sessions, live
 
 
-def _run_pass(
-    services: RunServices,
-    sink: ResultSink,
-    generation: Generation,
-    files: list[Path],
-    count: int,
-    drain: Drain,
-) -> None:
+def _run_pass(services: RunServices, sink: ResultSink, files: list[Path], count: int, drain: Drain) -> None:
     """One pass over the samples in ``files``: each finished session into the sink, then each sample
     that never came back recorded as a retryable ``error:worker_lost`` (unless a drain stopped the pass:
     those samples simply stay pending)."""
@@ -355,6 +342,7 @@ def _run_pass(
         run_pipeline(services.plan, files, sink.add, tick=sink.tick, drain=drain)
         lost_samples = () if drain.requested else sink.ledger.undelivered(files)
         for lost in lost_samples:  # Ray gave up on their worker
+            generation = services.generation
             record = worker_lost_record(
                 lost, model=generation.model_name, config_fingerprint=generation.fingerprint, detail=_LOST
             )
