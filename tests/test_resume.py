@@ -378,6 +378,9 @@ def history(tmp_path_factory):
             "latency_s": 0.05,
             "hallucinate_rate": 0.15,
             "no_reasoning_rate": 0.15,
+            # Stragglers: a kill finds sessions that finished long ago beside ones still running.
+            "slow_rate": 0.05,
+            "slow_factor": 50.0,
             "seed": seed % 1000,
             "log_path": str(sim_log),
         },
