@@ -9,6 +9,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass
@@ -209,11 +210,24 @@ def _inside(pid: int, workdir: str) -> bool:
     return cwd == workdir or cwd.startswith(workdir + "/")
 
 
+def anyone_inside(workdir: str) -> bool:
+    """Whether any process works inside ``workdir`` (its cwd there): one readlink per process."""
+    try:
+        entries = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return True  # cannot tell: the full scan decides
+    return any(_inside(int(name), workdir) for name in entries)
+
+
 def process_trees(pgids: set[int], workdir: str | None = None) -> set[int]:
     """Live processes in these process groups (or working inside ``workdir``) and all their descendants.
 
     Descendants count whatever group or session they moved to: under the local backend's subreaper
     (raygen/envs/subreaper.py) a detached daemon stays a descendant of its command's keeper."""
+    if not pgids and (workdir is None or not anyone_inside(workdir)):
+        # The usual case at a session's close: its commands' groups have ended, and one readlink per
+        # process (a third of reading the whole table) shows nothing escaped into the workdir.
+        return set()
     table = _process_table()
     me = os.getpid()
     children: dict[int, list[int]] = {}
@@ -250,3 +264,28 @@ def kill_process_trees(pgids: set[int], workdir: str | None = None) -> int:
         with suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     return len(stopped)
+
+
+def use_pidfd_child_watcher() -> None:
+    """On Python 3.11 (what asyncio does by itself from 3.12 on), learn of child exits through pidfds on
+    the running loop instead of one waiting thread per child.
+
+    Each of those threads is started by the loop and has to take the GIL back from it to report the exit:
+    on a busy session actor that hand-off cost a command tens of milliseconds of wall time. Call from
+    the one loop that starts the subprocesses of this process (a session actor's)."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        current = asyncio.get_child_watcher()
+        if isinstance(current, asyncio.PidfdChildWatcher) and current.is_active():
+            return
+        try:
+            os.close(os.pidfd_open(os.getpid()))
+        except OSError:
+            return  # a kernel before 5.3, or a seccomp filter: keep the threads
+        watcher = asyncio.PidfdChildWatcher()
+        watcher.attach_loop(asyncio.get_running_loop())
+        asyncio.set_child_watcher(watcher)

@@ -17,6 +17,7 @@ import ctypes
 import os
 import signal
 import sys
+import time
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -55,15 +56,33 @@ def _keeper(argv: list[str], status_fd: int) -> None:
     os._exit(0)
 
 
+def _reap_if_done(keeper: int) -> None:
+    """Reap the keeper if it ends within ~20 ms, as it does when the command left nothing behind.
+
+    Unreaped, it would become a zombie of init once this process exits, and an init may reap late
+    (seconds, here): its process group then looks alive to the worker (``kill(-pgid, 0)`` succeeds on
+    a zombie), and every session's cleanup takes the slow path. A keeper still waiting for background
+    jobs after that is left alone: this process must exit when the command does."""
+    for _ in range(20):
+        try:
+            if os.waitpid(keeper, os.WNOHANG)[0] != 0:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.001)
+
+
 def main(argv: list[str]) -> None:
     read_fd, write_fd = os.pipe()
-    if os.fork() == 0:
+    keeper = os.fork()
+    if keeper == 0:
         os.close(read_fd)
         _keeper(argv, write_fd)
     os.close(write_fd)
     data = b""
     while chunk := os.read(read_fd, 64):
         data += chunk
+    _reap_if_done(keeper)
     if not data:  # the keeper was killed before the command ended
         sys.exit(128 + signal.SIGKILL)
     status = int(data)

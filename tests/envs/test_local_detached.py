@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -140,3 +142,14 @@ async def test_without_the_subreaper_a_double_forked_daemon_escapes(tmp_path: Pa
     for pid in escaped:
         os.kill(pid, 9)  # our own test's daemon, by pid
     assert escaped
+
+
+def test_the_perl_subreaper_passes_strict_and_warnings():
+    """subreaper.pl leaves out `use strict; use warnings` for start-up speed; it must still pass both."""
+    perl = shutil.which("perl")
+    if perl is None:
+        pytest.skip("no perl here")
+    script = Path(local.__file__).with_name("subreaper.pl")
+    done = subprocess.run([perl, "-Mstrict", "-Mwarnings", "-c", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0 and "syntax OK" in done.stderr, done.stderr
+    assert done.stderr.strip() == f"{script} syntax OK"  # no warning either
