@@ -175,7 +175,7 @@ def _run(
             samples = _pending_samples(config, dataset, generation, ledger)
             with run_services(config, generation, secrets, reporter) as services:
                 drain.install()  # over the SIGTERM handler ray.init set
-                result.sessions_run, live = _run_passes(services, samples, run_dir, ledger, drain)
+                result.sessions_run, live = _run_passes(services, samples, pending, run_dir, ledger, drain)
             left = sum(ledger.next_attempt(key, max_attempts) is not None for key in expected)
             result.incomplete = drain.requested and left > 0
             if result.incomplete:
@@ -289,12 +289,17 @@ def _check_isolation(config: RunConfig, rows: int, allowed: bool) -> None:
 
 
 def _run_passes(
-    services: RunServices, samples: Iterator[Sample], run_dir: RunDir, ledger: Ledger, drain: Drain
+    services: RunServices,
+    samples: Iterator[Sample],
+    pending: int,
+    run_dir: RunDir,
+    ledger: Ledger,
+    drain: Drain,
 ) -> tuple[int, dict[str, Any]]:
-    """Run ``samples`` (the pending ones, as their next attempt) in passes until nothing is pending or
-    ``drain`` is requested. Returns the number of sessions run and what only the live run knows
+    """Run ``samples`` (the ``pending`` ones, as their next attempt) in passes until nothing is
+    pending or ``drain`` is requested. Returns the number of sessions run and what only the live run knows
     (statistics of every attempt, the governor's history)."""
-    from raygen.distributed.pipeline import write_pending
+    from raygen.distributed.pipeline import chunk_rows_for, write_pending
 
     config = services.config
     work = run_dir.work_dir()  # on the driver's local disk, whatever storage holds the run
@@ -303,12 +308,12 @@ def _run_passes(
         for pass_no in range(1, config.retry.max_attempts + 1):
             if drain.requested:
                 break
-            # One chunk is one Ray task: one actor's worth of sessions keeps the actors full (a task
-            # re-run after its actor died skips the sessions that had finished: control.py).
+            # One chunk is one Ray task (a task re-run after its actor died skips the sessions that had
+            # finished: control.py). Pass 1's size is known; a retry pass's is not (and small).
             files, count = write_pending(
                 samples,
                 work,
-                config.ray.sessions_per_worker,
+                chunk_rows_for(pending if pass_no == 1 else 0, config.ray),
                 alone=ledger.lost_worker_before,
                 name=f"pass{pass_no}",
             )

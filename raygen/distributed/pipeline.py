@@ -21,6 +21,7 @@ from typing import Any
 import ray
 import ray.data
 
+from raygen.config import RayConfig
 from raygen.distributed.cluster import session_actor_resources
 from raygen.distributed.control import start_control
 from raygen.distributed.plan import WorkerPlan
@@ -86,6 +87,19 @@ def write_pending(
     if fh:
         fh.close()
     return files, count
+
+
+def chunk_rows_for(rows: int, ray_config: RayConfig) -> int:
+    """Samples per chunk file, so per Ray task, for a pass of ``rows`` samples (0: not known).
+
+    Each task costs the driver, the worker reading the chunk and the actor tens of milliseconds of CPU
+    (measured: a 3,000-session run with 32-sample chunks spent ~1.5 ms of CPU per session on tasks;
+    with 128-sample chunks ~0.5 ms), so chunks hold up to 4 actors' slots worth. But every actor should
+    get at least 4 of them, or some sit idle while others still work through a long queue."""
+    per_worker = ray_config.sessions_per_worker
+    if rows <= 0:
+        return per_worker
+    return max(per_worker, min(4 * per_worker, math.ceil(rows / (4 * ray_config.workers))))
 
 
 def batch_size_for(sessions_per_worker: int) -> int:
