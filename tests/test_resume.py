@@ -688,3 +688,16 @@ def test_final_failures_are_never_retried(tmp_path):
     again = run_cli("run", str(tmp_path / "p.jsonl"), "--config", str(tmp_path / "run.yaml"), "--resume")
     assert again.returncode == 0 and "0 to run" in again.stderr
     assert len(sim_log_from(tmp_path / "sim.jsonl", 0)) == len(rows)
+
+
+def test_chunks_hold_up_to_four_actors_slots_and_every_actor_gets_four():
+    from raygen.config import RayConfig
+    from raygen.distributed.pipeline import chunk_rows_for
+
+    ray = RayConfig(workers=2, sessions_per_worker=32)
+    assert chunk_rows_for(3000, ray) == 128  # capped at 4 x 32
+    assert chunk_rows_for(600, ray) == 75  # 8 chunks: 4 per actor
+    assert chunk_rows_for(100, ray) == 32  # never below one actor's slots
+    assert chunk_rows_for(0, ray) == 32  # size unknown (a retry pass)
+    big = RayConfig(workers=2, sessions_per_worker=5000)
+    assert chunk_rows_for(10_000, big) == 5000

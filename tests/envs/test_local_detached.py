@@ -153,3 +153,34 @@ def test_the_perl_subreaper_passes_strict_and_warnings():
     done = subprocess.run([perl, "-Mstrict", "-Mwarnings", "-c", str(script)], capture_output=True, text=True)
     assert done.returncode == 0 and "syntax OK" in done.stderr, done.stderr
     assert done.stderr.strip() == f"{script} syntax OK"  # no warning either
+
+
+def test_a_command_that_leaves_nothing_leaves_no_group_to_clean_up(tmp_path):
+    """The keeper is reaped by its front process (not left to init as a zombie, which keeps a process
+    group looking alive), so the session holds no group after the command and its close has nothing
+    to scan for."""
+
+    async def main():
+        env = make_env(tmp_path)
+        async with env:
+            for _ in range(3):
+                result = await env.exec("echo ok", timeout_s=30, max_output_chars=1000)
+                assert result.exit_code == 0
+                assert env._process_groups == set()
+
+    asyncio.run(main())
+
+
+def test_a_background_job_keeps_its_group_until_close(tmp_path):
+    marker = f"{uuid.uuid4().int % 10_000 + 20_000}.5"
+
+    async def main():
+        env = make_env(tmp_path)
+        async with env:
+            result = await env.exec(f"sleep {marker} &", timeout_s=30, max_output_chars=1000)
+            assert result.exit_code == 0
+            assert len(env._process_groups) == 1  # its keeper waits for the sleep
+            assert pids_running(marker)
+        assert not pids_running(marker)
+
+    asyncio.run(main())

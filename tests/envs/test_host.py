@@ -1,0 +1,57 @@
+"""raygen.envs.host: removing session workdirs (small ones on the loop) and raygen.envs.processes'
+check for processes working inside one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from raygen.envs.host import remove_small_tree
+from raygen.envs.processes import anyone_inside
+
+
+def _tree(top: Path, files: int) -> Path:
+    for i in range(files):
+        sub = top / f"d{i % 3}"
+        sub.mkdir(parents=True, exist_ok=True)
+        (sub / f"f{i}").write_text("x")
+    (top / "link").symlink_to("/etc")
+    return top
+
+
+def test_a_small_tree_is_removed_and_a_symlink_is_not_followed(tmp_path):
+    top = _tree(tmp_path / "w", 10)
+    assert remove_small_tree(top) is True
+    assert not top.exists()
+    assert Path("/etc").is_dir()
+
+
+def test_a_large_tree_is_left_for_a_thread(tmp_path):
+    top = _tree(tmp_path / "w", 100)
+    assert remove_small_tree(top, max_entries=64) is None
+    assert len(list(top.rglob("*"))) == 104  # untouched: nothing half-removed
+
+
+def test_a_missing_tree_counts_as_removed(tmp_path):
+    assert remove_small_tree(tmp_path / "never") is True
+
+
+def test_anyone_inside_sees_a_process_working_in_the_folder(tmp_path):
+    inside = tmp_path / "w" / "deep"
+    inside.mkdir(parents=True)
+    workdir = str((tmp_path / "w").resolve())
+    assert not anyone_inside(workdir)
+    proc = subprocess.Popen(["sleep", "30"], cwd=inside)
+    try:
+        deadline = time.monotonic() + 10
+        while not anyone_inside(workdir) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert anyone_inside(workdir)
+        assert not anyone_inside(workdir + "-other")  # a prefix is not "inside"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not anyone_inside(workdir)
+    assert os.path.isdir(inside)
