@@ -15,6 +15,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,12 +41,33 @@ from raygen.session.limits import capped_record, cut_reply, reply_chars
 from raygen.session.prompting import request_messages
 from raygen.session.reasoning import split_reasoning
 from raygen.session.scrub import Scrubber, worker_secret_values
-from raygen.session.sharegpt import to_sharegpt
+from raygen.session.sharegpt import to_sharegpt, tools_block
 from raygen.tools.base import Tool, ToolContext, ToolResult, cap_text
 from raygen.verify.grader import VerifyError, collect_artifacts, grade
 from raygen.verify.spec import VerifySpec
 
 log = logging.getLogger(__name__)
+
+_OFFERS_KEPT = 256
+"""Distinct sets of offered toolsets whose tools and schemas a runner keeps (rows name their toolsets,
+so a dataset could name many combinations; past this they are built per session, as before)."""
+
+
+@dataclass(frozen=True)
+class _Offer:
+    """What a session with these toolsets is offered, built once per runner and shared read-only by its
+    sessions: the tool objects are stateless and their schemas never change."""
+
+    tools: list[Tool]
+    offered: dict[str, Tool]
+    schemas: list[dict[str, Any]]
+    tools_block: str
+    """The schemas as the ShareGPT system turn shows them."""
+
+    @classmethod
+    def of(cls, tools: list[Tool]) -> _Offer:
+        schemas = [t.schema() for t in tools]
+        return cls(tools, {t.name: t for t in tools}, schemas, tools_block(schemas))
 
 
 class SessionRunner:
@@ -83,6 +105,17 @@ class SessionRunner:
         # The worker's own credential-looking variables too: a tool may read them (/proc, a stray file)
         # even when the driver's secret_env did not name them.
         self.scrubber = Scrubber([*(secret_values or []), *worker_secret_values()])
+        self._offers: dict[tuple[str, ...], _Offer] = {}
+
+    def offer(self, toolsets: list[str]) -> _Offer:
+        """The tools of ``toolsets`` (ConfigError for an unknown one), from the runner's cache."""
+        key = tuple(toolsets)
+        offer = self._offers.get(key)
+        if offer is None:
+            offer = _Offer.of(self.registry.tools_for(toolsets))
+            if len(self._offers) < _OFFERS_KEPT:
+                self._offers[key] = offer
+        return offer
 
     async def run(self, sample: Sample) -> Trajectory:
         """Run one sample to a Trajectory. Never raises except on cancellation."""
@@ -108,9 +141,8 @@ class _SessionState:
     def __init__(self, sample: Sample, runner: SessionRunner):
         self.sample = sample
         self.runner = runner
-        self.tools: list[Tool] = runner.registry.tools_for(sample.toolsets)
-        self.offered = {t.name: t for t in self.tools}
-        self.schemas = [t.schema() for t in self.tools]
+        self.offer = runner.offer(sample.toolsets)
+        self.tools, self.offered, self.schemas = self.offer.tools, self.offer.offered, self.offer.schemas
         self.messages: list[dict[str, Any]] = []
         if runner.system_prompt:
             self.messages.append({"role": "system", "content": runner.system_prompt})
@@ -343,7 +375,7 @@ class _SessionState:
             attempt=self.sample.attempt,
             category=row.category,
             metadata=dict(row.metadata),
-            conversations=to_sharegpt(self.messages, self.schemas),
+            conversations=to_sharegpt(self.messages, self.schemas, self.offer.tools_block),
             messages=self.messages,
             completed=self.completed,
             exit_status=self.exit_status,

@@ -31,12 +31,23 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def to_sharegpt(messages: list[dict[str, Any]], tool_schemas: list[dict[str, Any]]) -> list[dict[str, str]]:
+def tools_block(tool_schemas: list[dict[str, Any]]) -> str:
+    """The ``<tools>`` block of the system turn ("" when no tool is offered)."""
+    if not tool_schemas:
+        return ""
+    return "<tools>\n" + _dumps([s["function"] for s in tool_schemas]) + "\n</tools>"
+
+
+def to_sharegpt(
+    messages: list[dict[str, Any]], tool_schemas: list[dict[str, Any]], block: str | None = None
+) -> list[dict[str, str]]:
+    """``block``: ``tools_block(tool_schemas)`` if the caller already has it (the session runner keeps
+    one per set of offered tools: a few kB of JSON, otherwise encoded again for every record)."""
     turns: list[dict[str, str]] = []
     system = next((m.get("content") or "" for m in messages if m.get("role") == "system"), "")
-    if tool_schemas:
-        tools_block = "<tools>\n" + _dumps([s["function"] for s in tool_schemas]) + "\n</tools>"
-        system = f"{system}\n\n{tools_block}" if system else tools_block
+    block = tools_block(tool_schemas) if block is None else block
+    if block:
+        system = f"{system}\n\n{block}" if system else block
     if system:
         turns.append({"from": "system", "value": system})
     return turns + dialogue_turns(messages, _render_assistant, _tool_payload)
