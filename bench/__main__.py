@@ -5,6 +5,8 @@ Scenarios (``--only`` takes these names, or ``governor`` for the first two):
               1/10/60 s; rpm and tpm), with nothing configured and with the limit given: utilization, 429s
   limits3     the same on a 3-node local Ray cluster (the budget must stay global)
   throughput  sessions/s and CPU per session: raygen vs one asyncio process vs a process pool
+  convlen     CPU per model call against conversation length (2-50 turns, 1 and 20 kB tool outputs):
+              raygen's own work vs encoding the request, no Ray
   scale       2,000 concurrent sessions at 30 s model latency: % of ideal, peak memory
   sandboxes   start / exec / stop latency per environment backend; Docker sessions/s at 16 and 64
   verify      what a hidden check adds per session (wall s, CPU s): fresh and same mode, local and Docker
@@ -31,16 +33,17 @@ from pathlib import Path
 from bench.common import Context, Row
 
 GROUPS = {"governor": ["limits", "limits3"]}
-ORDER = ["limits", "limits3", "throughput", "scale", "sandboxes", "verify", "durability"]
+ORDER = ["limits", "limits3", "throughput", "convlen", "scale", "sandboxes", "verify", "durability"]
 
 
 def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
-    from bench import durability, governor, sandboxes, scale, throughput, verify_cost
+    from bench import convlen, durability, governor, sandboxes, scale, throughput, verify_cost
 
     return {
         "limits": governor.limits,
         "limits3": governor.limits_cluster,
         "throughput": throughput.run,
+        "convlen": convlen.run,
         "scale": scale.run,
         "sandboxes": sandboxes.run,
         "verify": verify_cost.run,
