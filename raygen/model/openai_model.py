@@ -51,8 +51,25 @@ def estimate_tokens(
 ) -> int:
     """Rough prompt + completion estimate (4 characters a token) for rate limiting before the call."""
     chars = sum(len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or "")) for m in messages)
-    chars += sum(len(str(t)) for t in tools)
-    return chars // 4 + (max_tokens or 512)
+    return (chars + _schema_chars(tools)) // 4 + (max_tokens or 512)
+
+
+_SCHEMA_CHARS: dict[int, tuple[list[dict[str, Any]], int]] = {}
+
+
+def _schema_chars(tools: list[dict[str, Any]]) -> int:
+    """Characters of the tool schemas. Sessions share one schema list per set of toolsets (the session
+    runner builds it once), so its size is computed once per list, not at every call (``str`` of the
+    schemas was most of this function's time). Keyed by identity; the list is kept, so the id cannot
+    be reused while the entry lives."""
+    cached = _SCHEMA_CHARS.get(id(tools))
+    if cached is not None and cached[0] is tools:
+        return cached[1]
+    chars = sum(len(str(t)) for t in tools)
+    if len(_SCHEMA_CHARS) >= 256:
+        _SCHEMA_CHARS.clear()
+    _SCHEMA_CHARS[id(tools)] = (tools, chars)
+    return chars
 
 
 _UNSET_CONNECTIONS = 256

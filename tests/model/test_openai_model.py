@@ -154,3 +154,16 @@ async def test_max_connections_bounds_the_requests_in_flight():
         await m.aclose()
         seen = sim.stats.max_in_flight
     assert seen == 2  # six callers, two connections: the other requests waited for one
+
+
+def test_the_estimate_counts_each_schema_list_once_and_right():
+    from raygen.model.openai_model import estimate_tokens
+
+    messages = [{"role": "user", "content": "x" * 400}]
+    tools = [{"type": "function", "function": {"name": "t", "description": "d" * 396}}]
+    expected = (400 + len(str(tools[0]))) // 4 + 10
+    assert estimate_tokens(messages, tools, 10) == expected
+    assert estimate_tokens(messages, tools, 10) == expected  # from the cache
+    bigger = [*tools, *tools]
+    assert estimate_tokens(messages, bigger, 10) == (400 + 2 * len(str(tools[0]))) // 4 + 10
+    assert estimate_tokens(messages, [], None) == 100 + 512
