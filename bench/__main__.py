@@ -7,6 +7,8 @@ Scenarios (``--only`` takes these names, or ``governor`` for the first two):
   throughput  sessions/s and CPU per session: raygen vs one asyncio process vs a process pool
   convlen     CPU per model call against conversation length (2-50 turns, 1 and 20 kB tool outputs):
               raygen's own work vs encoding the request, no Ray
+  startup     time from launching ``raygen run`` (the CLI) to its first model request, vs the asyncio
+              runner; where raygen's start-up goes (imports, Ray start, actors)
   scale       2,000 concurrent sessions at 30 s model latency: % of ideal, peak memory
   sandboxes   start / exec / stop latency per environment backend; Docker sessions/s at 16 and 64
   verify      what a hidden check adds per session (wall s, CPU s): fresh and same mode, local and Docker
@@ -33,17 +35,28 @@ from pathlib import Path
 from bench.common import Context, Row
 
 GROUPS = {"governor": ["limits", "limits3"]}
-ORDER = ["limits", "limits3", "throughput", "convlen", "scale", "sandboxes", "verify", "durability"]
+ORDER = [
+    "limits",
+    "limits3",
+    "throughput",
+    "convlen",
+    "startup",
+    "scale",
+    "sandboxes",
+    "verify",
+    "durability",
+]
 
 
 def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
-    from bench import convlen, durability, governor, sandboxes, scale, throughput, verify_cost
+    from bench import convlen, durability, governor, sandboxes, scale, startup, throughput, verify_cost
 
     return {
         "limits": governor.limits,
         "limits3": governor.limits_cluster,
         "throughput": throughput.run,
         "convlen": convlen.run,
+        "startup": startup.run,
         "scale": scale.run,
         "sandboxes": sandboxes.run,
         "verify": verify_cost.run,
