@@ -61,9 +61,9 @@ def ensure_ray(
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, **on_loopback)
         return True
     # No runtime_env here: the local Ray's processes are this process's children and inherit its
-    # environment (so these defaults too), and a job runtime_env would make every task and actor wait for
-    # a fresh worker set up by the runtime-env agent instead of taking one of the workers Ray prestarts
-    # (measured: three actors up in 0.8 s instead of 1.9-2.8 s; `python -m bench --only startup`).
+    # environment (so these defaults too), and a job runtime_env makes every task and actor wait for
+    # the runtime-env agent on every worker lease (measured on 2 cores: three bare actors up in 0.6-0.9 s
+    # instead of 1.3-2.8 s; a whole run's start-up is mostly Ray's own process starts, bench `startup`).
     for key, value in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
     # A short private temp dir: Ray's unix socket paths must stay under 107 bytes, and a stale
