@@ -7,6 +7,11 @@ the next ``LINGER_S``; a busy actor makes a few dozen calls a second whatever it
 
 A record's hand-over is still awaited before its session's batch reports back to Ray Data, so a batch
 that Ray Data sees end has every record with the control actor, as before.
+
+Samples ask before a slot is free (``worker.py``), so the answer ``run`` may be old when the session
+starts. A drain is learned from any reply, and an actor with nothing to send still asks every
+``POLL_S``, so a session may start at most ~``POLL_S + LINGER_S`` plus a round trip after the drain
+began (samples wait for slots while long sessions run, possibly for minutes).
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ LINGER_S = 0.02
 """How long a call waits for company. A session start waits up to this much longer (0.02 s of a
 session of seconds); a record reaches the driver that much later (well within
 ``output.durable_within_s``)."""
+
+
+POLL_S = 0.25
+"""How often an actor with nothing to send asks anyway, until it knows the run drains."""
 
 
 class ControlLink:
@@ -61,8 +70,12 @@ class ControlLink:
 
     async def _send_forever(self) -> None:
         while True:
-            await self._wake.wait()
-            await asyncio.sleep(LINGER_S)
+            try:
+                await asyncio.wait_for(self._wake.wait(), None if self.draining else POLL_S)
+            except TimeoutError:
+                pass  # nothing to send: ask anyway, so a drain reaches samples waiting for a slot
+            else:
+                await asyncio.sleep(LINGER_S)
             self._wake.clear()
             begins, self._begins = self._begins, []
             finished, self._finished = self._finished, []

@@ -52,7 +52,15 @@ def remove_small_tree(path: Path, max_entries: int = 64) -> bool | None:
             continue
         except OSError:
             return None  # unreadable (chmod -r): remove_tree makes it readable first
-    return remove_tree(path)
+    # One attempt: remove_tree's retries sleep, which must not happen on a loop.
+    try:
+        _make_dirs_writable(path)
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return True if not path.exists() else None
+    except OSError:
+        return None
+    return True
 
 
 def remove_tree(path: Path) -> bool:

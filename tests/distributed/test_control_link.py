@@ -103,3 +103,23 @@ def test_a_lone_question_is_answered_without_company():
         assert await asyncio.wait_for(link.begin("b", 1), timeout=30) == "run"  # the sender restarts
 
     run(main())
+
+
+def test_a_drain_reaches_an_actor_with_nothing_to_send():
+    """Samples wait for slots while long sessions run: the drain must reach them without any record or
+    question going out (the link polls)."""
+
+    async def main():
+        handle = _Handle(RunControl())
+        link = ControlLink(handle)
+        assert await link.begin("a", 1) == "run"
+        calls = len(handle.calls)
+        await handle.control.drain()
+        for _ in range(200):
+            if link.draining:
+                break
+            await asyncio.sleep(0.05)
+        assert link.draining
+        assert len(handle.calls) > calls and handle.calls[-1] == ([], [], [])
+
+    run(main())
