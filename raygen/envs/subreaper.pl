@@ -1,5 +1,6 @@
 # The child subreaper of raygen/envs/subreaper.py, in Perl: same behaviour, a tenth of the start-up
-# cost (about 1.5 ms of CPU instead of 18), used where perl exists and the prctl syscall number is known.
+# cost (about 2 ms of CPU with its keeper instead of 18), used where perl exists and the prctl syscall
+# number is known.
 # Usage: perl subreaper.pl PRCTL_SYSCALL_NUMBER ARGV...
 # No `use strict; use warnings`: loading them doubles perl's start-up CPU (measured 1.5 -> 2.8 ms a
 # command), paid for every command of every session. `perl -Mstrict -Mwarnings -c` passes on this file
