@@ -309,11 +309,14 @@ def _run_passes(
             if drain.requested:
                 break
             # One chunk is one Ray task (a task re-run after its actor died skips the sessions that had
-            # finished: control.py). Pass 1's size is known; a retry pass's is not (and small).
+            # finished: control.py). Pass 1's size is known, so its chunks shrink towards its end
+            # (pipeline.chunk_rows_for); a retry pass's is not (and small).
             files, count = write_pending(
                 samples,
                 work,
-                chunk_rows_for(pending if pass_no == 1 else 0, config.ray),
+                (lambda written: chunk_rows_for(pending - written, config.ray))
+                if pass_no == 1
+                else config.ray.sessions_per_worker,
                 alone=ledger.lost_worker_before,
                 name=f"pass{pass_no}",
             )

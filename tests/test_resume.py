@@ -690,14 +690,25 @@ def test_final_failures_are_never_retried(tmp_path):
     assert len(sim_log_from(tmp_path / "sim.jsonl", 0)) == len(rows)
 
 
-def test_chunks_hold_up_to_four_actors_slots_and_every_actor_gets_four():
+def test_chunks_hold_up_to_four_actors_slots_and_shrink_towards_the_end(tmp_path):
     from raygen.config import RayConfig
-    from raygen.distributed.pipeline import chunk_rows_for
+    from raygen.distributed.pipeline import chunk_rows_for, write_pending
 
     ray = RayConfig(workers=2, sessions_per_worker=32)
     assert chunk_rows_for(3000, ray) == 128  # capped at 4 x 32
-    assert chunk_rows_for(600, ray) == 75  # 8 chunks: 4 per actor
+    assert chunk_rows_for(600, ray) == 75  # a quarter of what is left per actor
     assert chunk_rows_for(100, ray) == 32  # never below one actor's slots
     assert chunk_rows_for(0, ray) == 32  # size unknown (a retry pass)
     big = RayConfig(workers=2, sessions_per_worker=5000)
     assert chunk_rows_for(10_000, big) == 5000
+
+    samples = [
+        Sample(row=PromptRow(prompt=f"p{i}"), sample_key=f"k{i}", prompt_index=i, line=i + 1, toolsets=[])
+        for i in range(3000)
+    ]
+    files, count = write_pending(samples, tmp_path, lambda written: chunk_rows_for(3000 - written, ray))
+    sizes = [len(f.read_text().splitlines()) for f in files]
+    assert count == 3000 and sum(sizes) == 3000
+    assert sizes[0] == 128 and max(sizes) == 128
+    assert sizes == sorted(sizes, reverse=True)  # shrinking
+    assert sizes[-1] <= 32

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-# Records waiting for the driver; a full queue makes actors wait (the driver is writing slowly).
+# Records waiting for the driver beyond which no new session may start (the driver is writing slowly).
+# Records themselves are always taken: a record left in its actor would die with it and be paid again.
 _QUEUE_RECORDS = 1024
 
 Finished = tuple[str, int, str, str]
@@ -36,7 +38,10 @@ Finished = tuple[str, int, str, str]
 
 class RunControl:
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue(maxsize=_QUEUE_RECORDS)
+        self._records: deque[tuple[str, str]] = deque()
+        self._arrived = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
         self._finished: set[tuple[str, int]] = set()
         self._running: dict[tuple[str, int], float] = {}
         self._draining = False
@@ -50,34 +55,44 @@ class RunControl:
         that were told to run but will not (the actor learned of the drain first), then samples about to
         start. Returns, for each of ``begins``, whether it may start: ``run``, or why not: ``finished``
         (in this run already) or ``draining`` (and so will every later one be); and whether the run
-        drains."""
+        drains. While more than ``_QUEUE_RECORDS`` records wait for the driver, the answers wait."""
         for sample_key, attempt, record_json, summary_json in finished:
             key = (sample_key, attempt)
             self._finished.add(key)
             # Queued before it stops counting as running: a drain that sees nothing running then finds
-            # every finished record in the queue. A full queue makes this call, so the actor, wait.
-            await self._queue.put((record_json, summary_json))
+            # every finished record in the queue.
+            self._records.append((record_json, summary_json))
             self._running.pop(key, None)
+        if finished:
+            self._arrived.set()
+            if len(self._records) >= _QUEUE_RECORDS:
+                self._room.clear()
         for key in released:
             self._running.pop(key, None)
+        if begins:
+            await self._room.wait()
         return [self._begin(key) for key in begins], self._draining
 
     def _begin(self, key: tuple[str, int]) -> str:
         if self._draining or key in self._finished:
             self.skipped += 1
+            # Asked again after its actor died: whoever was told to run it is gone.
+            self._running.pop(key, None)
             return "draining" if self._draining else "finished"
         self._running[key] = time.monotonic()
         return "run"
 
     async def take(self, wait_s: float) -> list[tuple[str, str]]:
         """Every record waiting, after waiting up to ``wait_s`` for the first one."""
-        try:
-            first = await asyncio.wait_for(self._queue.get(), timeout=wait_s)
-        except TimeoutError:
-            return []
-        out = [first]
-        while not self._queue.empty():
-            out.append(self._queue.get_nowait())
+        if not self._records:
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout=wait_s)
+            except TimeoutError:
+                return []
+        out = list(self._records)
+        self._records.clear()
+        self._arrived.clear()
+        self._room.set()
         return out
 
     async def drain(self) -> None:

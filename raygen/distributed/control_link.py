@@ -39,6 +39,9 @@ class ControlLink:
         self._released: list[tuple[str, int]] = []
         self.draining = False
         """Whether the control actor said the run drains (learned from every reply; for good)."""
+        self.waiting = 0
+        """Samples told to run that have not started yet (``started``) or given up (``release``)."""
+        self._broken = False
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
 
@@ -49,6 +52,10 @@ class ControlLink:
         self._kick()
         return await future
 
+    def started(self) -> None:
+        """A sample told to run has its slot and starts now."""
+        self.waiting -= 1
+
     def finish(
         self, sample_key: str, attempt: int, record_json: str, summary_json: str
     ) -> asyncio.Future[None]:
@@ -58,8 +65,11 @@ class ControlLink:
         self._kick()
         return future
 
-    def release(self, sample_key: str, attempt: int) -> None:
-        """A session that was told ``run`` will not start after all (the run drains)."""
+    def release(self, sample_key: str, attempt: int, started: bool = False) -> None:
+        """A sample that was told ``run`` will not start after all (the run drains), or its session was
+        cancelled (``started``) and will hand over no record."""
+        if not started:
+            self.waiting -= 1
         self._released.append((sample_key, attempt))
         self._kick()
 
@@ -70,10 +80,13 @@ class ControlLink:
 
     async def _send_forever(self) -> None:
         while True:
+            # Samples told to run wait for slots while long sessions run (minutes): with nothing to send,
+            # ask anyway, so that a drain reaches them.
+            poll = self.waiting > 0 and not self.draining and not self._broken
             try:
-                await asyncio.wait_for(self._wake.wait(), None if self.draining else POLL_S)
+                await asyncio.wait_for(self._wake.wait(), POLL_S if poll else None)
             except TimeoutError:
-                pass  # nothing to send: ask anyway, so a drain reaches samples waiting for a slot
+                pass
             else:
                 await asyncio.sleep(LINGER_S)
             self._wake.clear()
@@ -84,15 +97,23 @@ class ControlLink:
                 answers, draining = await self._control.exchange.remote(
                     [f for f, _ in finished], released, [k for k, _ in begins]
                 )
-            except Exception as exc:  # the control actor is gone: every waiting session learns it
+            except BaseException as exc:  # the control actor is gone: every waiting session learns it
+                self._broken = True
                 for _, future in [*begins, *finished]:
                     if not future.done():
-                        future.set_exception(exc)
+                        future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+                if not isinstance(exc, Exception):
+                    raise  # cancelled (the actor stops): nothing waits on these futures any more
                 continue
+            self._broken = False
             self.draining = self.draining or draining
-            for (_, future), answer in zip(begins, answers, strict=True):
+            for (key, future), answer in zip(begins, answers, strict=True):
                 if not future.done():
                     future.set_result(answer)
+                    self.waiting += answer == "run"
+                elif answer == "run":  # asked, then cancelled: give it back
+                    self._released.append(key)
+                    self._wake.set()
             for _, future in finished:
                 if not future.done():
                     future.set_result(None)

@@ -52,12 +52,13 @@ warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated", mod
 def write_pending(
     samples: Iterable[Sample],
     work_dir: Path,
-    chunk_rows: int,
+    chunk_rows: int | Callable[[int], int],
     alone: Callable[[Sample], bool] | None = None,
     name: str = "pending",
 ) -> tuple[list[Path], int]:
     """Write samples as JSONL chunk files ``<name>-<n>.jsonl``, replacing earlier ones of that name;
-    returns the files and the number of samples.
+    returns the files and the number of samples. ``chunk_rows`` is a chunk's size, or gives the next
+    chunk's size from the number of samples written so far.
 
     A chunk is one Ray task, and a task whose worker keeps dying is given up as a whole, so samples for
     which ``alone(sample)`` is true (their worker was lost before) get a chunk of their own.
@@ -65,8 +66,9 @@ def write_pending(
     work_dir.mkdir(parents=True, exist_ok=True)
     for old in work_dir.glob(f"{name}-*.jsonl"):
         old.unlink()
+    size_after = chunk_rows if callable(chunk_rows) else (lambda _written: chunk_rows)
     files: list[Path] = []
-    count = in_chunk = 0
+    count = in_chunk = size = 0
     fh = None
     for sample in samples:
         line = sample.model_dump_json() + "\n"
@@ -76,12 +78,13 @@ def write_pending(
             files.append(path)
             path.write_text(line, encoding="utf-8")
             continue
-        if in_chunk % chunk_rows == 0:
+        if in_chunk == size:
             if fh:
                 fh.close()
             path = work_dir / f"{name}-{len(files):05d}.jsonl"
             files.append(path)
             fh = path.open("w", encoding="utf-8")
+            in_chunk, size = 0, max(1, size_after(count - 1))
         fh.write(line)
         in_chunk += 1
     if fh:
@@ -89,17 +92,20 @@ def write_pending(
     return files, count
 
 
-def chunk_rows_for(rows: int, ray_config: RayConfig) -> int:
-    """Samples per chunk file, so per Ray task, for a pass of ``rows`` samples (0: not known).
+def chunk_rows_for(remaining: int, ray_config: RayConfig) -> int:
+    """Samples in the next chunk file, so the next Ray task, when ``remaining`` samples of the pass are
+    still to be written (0: not known).
 
     Each task costs the driver, the worker reading the chunk and the actor tens of milliseconds of CPU
     (measured: a 3,000-session run with 32-sample chunks spent ~1.5 ms of CPU per session on tasks;
-    with 128-sample chunks ~0.5 ms), so chunks hold up to 4 actors' slots worth. But every actor should
-    get at least 4 of them, or some sit idle while others still work through a long queue."""
+    with 128-sample chunks ~0.5 ms), so chunks hold up to 4 actors' slots worth. They shrink as the pass
+    nears its end (a quarter of what is left per actor, down to one actor's slots), so the last tasks
+    are short and no actor still works through rounds of sessions while the others sit idle (guided
+    self-scheduling)."""
     per_worker = ray_config.sessions_per_worker
-    if rows <= 0:
+    if remaining <= 0:
         return per_worker
-    return max(per_worker, min(4 * per_worker, math.ceil(rows / (4 * ray_config.workers))))
+    return max(per_worker, min(4 * per_worker, math.ceil(remaining / (4 * ray_config.workers))))
 
 
 def batch_size_for(sessions_per_worker: int) -> int:

@@ -70,6 +70,7 @@ class SessionWorker:
         # Everything alive now (Ray, Ray Data, pyarrow, the SDK, pydantic: ~10^6 objects) lives as long
         # as the actor. Frozen, the collector stops walking it: each full collection had paused this
         # event loop, and every session on it, for 60-200 ms (measured), about every 5 s.
+        gc.collect()  # what is garbage now could never be collected once frozen
         gc.freeze()
 
     async def _one(self, text: str, handed_over: list[asyncio.Future[None]]) -> bool:
@@ -86,15 +87,27 @@ class SessionWorker:
         # a round trip later (a few percent of every session's time).
         if await self.control.begin(*key) != "run":
             return False
-        async with self.slots:
+        try:
+            await self.slots.acquire()
+        except BaseException:  # cancelled while waiting (Ray Data cancels a failed task's other batches)
+            self.control.release(*key)
+            raise
+        try:
             if self.control.draining:  # came while this sample waited for a slot
                 self.control.release(*key)
                 return False
+            self.control.started()
             self.metrics.session_started()
-            record = await self.runner.run(sample)
+            try:
+                record = await self.runner.run(sample)  # raises only when cancelled
+            except BaseException:
+                self.control.release(*key, started=True)  # no record: it no longer counts as running
+                raise
             self.metrics.session_finished(record.exit_status)
             summary = json.dumps(dataclasses.asdict(summarize(record)))
             handed_over.append(self.control.finish(*key, jsonl_safe(record.model_dump_json()), summary))
+        finally:
+            self.slots.release()
         return True
 
     async def __call__(self, batch: dict[str, Any]):

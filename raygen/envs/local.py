@@ -59,7 +59,8 @@ _PRCTL_SYSCALL = {"x86_64": 157, "aarch64": 167}
 @functools.cache
 def subreaper_prefix() -> tuple[str, ...]:
     """What goes before ``bash -c COMMAND``: the Perl subreaper where perl exists and the architecture's
-    prctl number is known (about 2 ms of CPU a command, with its keeper), else the Python one (about 18 ms)."""
+    prctl number is known (about 2 ms of CPU a command, with its keeper), else the Python one (about
+    18 ms)."""
     perl, number = shutil.which("perl"), _PRCTL_SYSCALL.get(platform.machine())
     if perl and number:
         return (perl, str(Path(__file__).with_name("subreaper.pl")), str(number))

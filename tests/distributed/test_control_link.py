@@ -123,3 +123,59 @@ def test_a_drain_reaches_an_actor_with_nothing_to_send():
         assert len(handle.calls) > calls and handle.calls[-1] == ([], [], [])
 
     run(main())
+
+
+def test_records_are_always_taken_but_new_sessions_wait_while_the_driver_is_behind(monkeypatch):
+    import raygen.distributed.control as control_module
+
+    monkeypatch.setattr(control_module, "_QUEUE_RECORDS", 4)
+
+    async def main():
+        control = RunControl()
+        link = ControlLink(_Handle(control))
+        assert await asyncio.gather(*(link.begin(f"s{i}", 1) for i in range(6))) == ["run"] * 6
+        for _ in range(6):
+            link.started()
+        await asyncio.gather(*(link.finish(f"s{i}", 1, "{}", "{}") for i in range(6)))
+        # Every record left the actor though 6 > 4 wait for the driver...
+        assert (await control.state())["finished"] == 6
+        # ...but a new session waits until the driver has taken them.
+        asking = asyncio.ensure_future(link.begin("next", 1))
+        await asyncio.sleep(0.3)
+        assert not asking.done()
+        assert len(await control.take(0.1)) == 6
+        assert await asyncio.wait_for(asking, timeout=30) == "run"
+
+    run(main())
+
+
+def test_a_sample_asked_again_after_its_actor_died_no_longer_counts_as_running():
+    async def main():
+        control = RunControl()
+        link = ControlLink(_Handle(control))
+        assert await link.begin("a", 1) == "run"  # then the actor dies while "a" waits for a slot
+        await control.drain()
+        assert await ControlLink(_Handle(control)).begin("a", 1) == "draining"  # the task's re-run
+        assert (await control.state())["running"] == 0  # the drain need not wait for its timeout
+
+    run(main())
+
+
+def test_a_question_cancelled_before_its_answer_gives_the_permission_back():
+    async def main():
+        control = RunControl()
+        link = ControlLink(_Handle(control))
+        asking = asyncio.ensure_future(link.begin("a", 1))
+        await asyncio.sleep(0)
+        asking.cancel()
+        released = []
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            released = [call for call in link._control.calls if call[1]]
+            if released:
+                break
+        assert released == [([], [("a", 1)], [])]  # the permission went back
+        assert (await control.state())["running"] == 0
+        assert link.waiting == 0
+
+    run(main())
