@@ -25,24 +25,27 @@ if ($keeper == 0) {
     open(STDOUT, '>', '/dev/null');
     open(STDERR, '>', '/dev/null');
     while ((my $pid = waitpid(-1, 0)) > 0) {
-        if ($pid == $command) {
-            syswrite($status_w, "$?");
-            close $status_w;
-        }
+        next unless $pid == $command;
+        my $status = $?;
+        # Anything left? Reap what already ended (1 is WNOHANG; `use POSIX` would double start-up CPU);
+        # 0 means something still runs. "d": nothing left, this keeper ends at once and the front reaps
+        # it; "b": background jobs remain, and it waits for them.
+        my $left;
+        while (($left = waitpid(-1, 1)) > 0) { }
+        syswrite($status_w, ($left == 0 ? "b" : "d") . $status);
+        close $status_w;
     }
     exit 0;    # nothing left: every descendant has ended
 }
 close $status_w;
 my $status = '';
 while (sysread($status_r, my $chunk, 64)) { $status .= $chunk; }
-# Reap the keeper if it ends within ~20 ms, as it does when the command left nothing behind. Unreaped,
-# it would become a zombie of init, which may reap late: its process group then looks alive to the
-# worker (kill 0 succeeds on a zombie) and every session's cleanup takes the slow path. A keeper still
-# waiting for background jobs is left alone. (1 is WNOHANG; `use POSIX` would double start-up CPU.)
-for (1 .. 20) {
-    last if waitpid($keeper, 1) != 0;
-    select(undef, undef, undef, 0.001);
-}
+# A keeper with nothing left ends right after its message: reaped here. Left to init, it would be a
+# zombie for as long as init takes to reap (seconds, on some machines), and its process group would
+# look alive to the worker (kill 0 succeeds on a zombie): every session's cleanup would take the slow
+# path. A keeper still waiting for background jobs is left alone: this process ends with the command.
+waitpid($keeper, 0) if $status =~ s/^d//;
+$status =~ s/^b//;
 exit 137 if $status eq '';    # the keeper was killed before the command ended
 if ($status & 127) {          # end the way the command ended, so the caller sees the signal
     my $signal = $status & 127;

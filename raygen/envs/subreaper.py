@@ -17,7 +17,6 @@ import ctypes
 import os
 import signal
 import sys
-import time
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -51,25 +50,24 @@ def _keeper(argv: list[str], status_fd: int) -> None:
             continue
         if pid == command:
             status = wait_status
-            os.write(status_fd, str(status).encode())
+            # "d": nothing left, this keeper ends at once and the front reaps it; "b": background jobs
+            # remain, and it waits for them.
+            os.write(status_fd, (b"b" if _others_running() else b"d") + str(status).encode())
             os.close(status_fd)
     os._exit(0)
 
 
-def _reap_if_done(keeper: int) -> None:
-    """Reap the keeper if it ends within ~20 ms, as it does when the command left nothing behind.
-
-    Unreaped, it would become a zombie of init once this process exits, and an init may reap late
-    (seconds, here): its process group then looks alive to the worker (``kill(-pgid, 0)`` succeeds on
-    a zombie), and every session's cleanup takes the slow path. A keeper still waiting for background
-    jobs after that is left alone: this process must exit when the command does."""
-    for _ in range(20):
+def _others_running() -> bool:
+    """Whether this process still has children (those that already ended are reaped here)."""
+    while True:
         try:
-            if os.waitpid(keeper, os.WNOHANG)[0] != 0:
-                return
+            pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
-        time.sleep(0.001)
+            return False
+        except InterruptedError:
+            continue
+        if pid == 0:
+            return True
 
 
 def main(argv: list[str]) -> None:
@@ -82,7 +80,13 @@ def main(argv: list[str]) -> None:
     data = b""
     while chunk := os.read(read_fd, 64):
         data += chunk
-    _reap_if_done(keeper)
+    if data.startswith(b"d"):
+        # A keeper with nothing left ends right after its message: reaped here. Left to init it would be
+        # a zombie for as long as init takes to reap (seconds, on some machines), and its process group
+        # would look alive to the worker (kill 0 succeeds on a zombie): every session's cleanup would take
+        # the slow path. A keeper waiting for background jobs is left alone.
+        os.waitpid(keeper, 0)
+    data = data.lstrip(b"db")
     if not data:  # the keeper was killed before the command ended
         sys.exit(128 + signal.SIGKILL)
     status = int(data)

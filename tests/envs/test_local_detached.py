@@ -138,6 +138,9 @@ async def test_without_the_subreaper_a_double_forked_daemon_escapes(tmp_path: Pa
         command = f"(cd / && exec env -i setsid sleep {duration} < /dev/null > /dev/null 2>&1 &); echo ok"
         assert (await env.exec(command, 10, 1000)).stdout == "ok\n"
         assert await wait_for(lambda: pids_running(duration))
+        # Until the subshell that started it has ended, the daemon is still a descendant of the command's
+        # group, and close() would find it: what escapes is what outlives its whole command.
+        assert await wait_for(lambda: not any(local._group_alive(g) for g in env._process_groups))
     escaped = pids_running(duration)
     for pid in escaped:
         os.kill(pid, 9)  # our own test's daemon, by pid
