@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 5.0
 STALE_HEARTBEATS = 6
+_TAKEOVER_STALE_S = 10.0
+"""A ``.takeover`` file older than this was left by a taker that died while replacing a stale lock."""
 
 
 class RunLocked(ConfigError):
@@ -177,27 +179,43 @@ class RunLock:
             if current is None:
                 return False
             self._refuse_unless_stale(current)
-            aside = f"{self.path}.stale-{self.holder.token}"
-            try:
-                os.rename(self.path, aside)  # only one taker can move a given file away
-            except FileNotFoundError:
-                return False
-            with open(aside, "rb") as fh:
-                moved = Holder.parse(fh.read())
-            if moved is not None and moved.token != current.token:
-                # Another taker replaced the stale lock between our read and our rename: put it back.
-                with contextlib.suppress(FileExistsError):
-                    os.link(aside, self.path)
-                os.unlink(aside)
-                self.taken_over = None
-                return False
-            os.unlink(aside)
-            return False  # the path is free now: create it on the next round
+            return self._take_over(current)
         with os.fdopen(fd, "wb") as fh:
             fh.write(self.holder.to_bytes())
             fh.flush()
             os.fsync(fh.fileno())
         return True
+
+    def _take_over(self, stale: Holder) -> bool:
+        """Replace the stale lock ``stale``, one taker at a time.
+
+        Under an exclusive ``<lock>.takeover`` file, the lock is replaced (a rename over it, atomic) only
+        if it still holds ``stale``'s token: a taker that read the same stale lock a moment later finds
+        the new holder there and is refused. (Moving the stale file aside instead let a slow taker move
+        a fresh lock aside too, and two drivers held the run.)"""
+        guard = f"{self.path}.takeover"
+        try:
+            os.close(os.open(guard, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            with contextlib.suppress(OSError):
+                if time.time() - os.stat(guard).st_mtime > _TAKEOVER_STALE_S:
+                    os.unlink(guard)  # left by a taker that died in the middle
+            return False
+        try:
+            again = self.read()
+            if again is None or again.token != stale.token:
+                self.taken_over = None
+                return False
+            tmp = f"{self.path}.{self.holder.token}.tmp"
+            with open(tmp, "wb") as fh:
+                fh.write(self.holder.to_bytes())
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+            return True
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(guard)
 
     def _acquire_object(self) -> bool:
         current = self.read()
