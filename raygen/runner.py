@@ -347,7 +347,7 @@ def _run_pass(services: RunServices, sink: ResultSink, files: list[Path], count:
     from raygen.distributed.pipeline import run_pipeline
 
     with sink.progress(count):
-        run_pipeline(services.plan, files, sink.add, tick=sink.tick, drain=drain)
+        run_pipeline(services.plan, files, sink.add, tick=sink.tick, drain=drain, rows=count)
         lost_samples = () if drain.requested else sink.ledger.undelivered(files)
         for lost in lost_samples:  # Ray gave up on their worker
             generation = services.generation

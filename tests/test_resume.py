@@ -712,3 +712,13 @@ def test_chunks_hold_up_to_four_actors_slots_and_shrink_towards_the_end(tmp_path
     assert sizes[0] == 128 and max(sizes) == 128
     assert sizes == sorted(sizes, reverse=True)  # shrinking
     assert sizes[-1] <= 32
+
+
+def test_actors_hold_three_tasks_only_when_the_pass_runs_in_several_rounds():
+    from raygen.config import RayConfig
+    from raygen.distributed.pipeline import tasks_per_actor_for
+
+    assert tasks_per_actor_for(1500, RayConfig(workers=2, sessions_per_worker=32)) == 3
+    assert tasks_per_actor_for(200, RayConfig(workers=2, sessions_per_worker=32)) == 2
+    assert tasks_per_actor_for(10_000, RayConfig(workers=2, sessions_per_worker=5000)) == 2
+    assert tasks_per_actor_for(0, RayConfig(workers=2, sessions_per_worker=32)) == 2

@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 # Ray Data runs up to this many batches of one task at once for an async UDF (its default); a batch's
 # rows run concurrently, so an actor with two tasks in flight can fill all its session slots.
 _ASYNC_BATCHES_PER_TASK = 4
-_TASKS_PER_ACTOR = 2
 # A task whose actor dies is re-run on the restarted actor this many times; then Ray Data gives up on
 # the block, the run goes on, and the driver records its samples as ``error:worker_lost`` (retryable up
 # to retry.max_attempts). Ray Data's default (retry forever) would loop on a sample that kills its actor.
@@ -108,6 +107,18 @@ def chunk_rows_for(remaining: int, ray_config: RayConfig) -> int:
     return max(per_worker, min(4 * per_worker, math.ceil(remaining / (4 * ray_config.workers))))
 
 
+def tasks_per_actor_for(rows: int, ray_config: RayConfig) -> int:
+    """Ray tasks an actor holds at once, for a pass of ``rows`` samples.
+
+    Three when the pass runs in several rounds of every actor's slots: when a task ends the next one
+    takes a moment to arrive (Ray Data reads its chunk first), and with two the actor's slots were
+    half empty meanwhile (64 x 200 ms benchmark: occupancy dipped to 32 of 64 every few seconds; 0.83x
+    -> 0.92x of the asyncio runner's rate). Two when it fits in about one round: Ray Data hands tasks
+    to actors as they come up, so the first actor up would take three of the blocks and leave the
+    late ones too little (2 x 5,000 slots, 4 blocks: 7,500 sessions on one actor)."""
+    return 3 if rows > 4 * ray_config.workers * ray_config.sessions_per_worker else 2
+
+
 def batch_size_for(sessions_per_worker: int) -> int:
     return max(1, math.ceil(sessions_per_worker / _ASYNC_BATCHES_PER_TASK))
 
@@ -119,13 +130,15 @@ def run_pipeline(
     *,
     tick: Callable[[], None] = lambda: None,
     drain: Drain | None = None,
+    rows: int = 0,
 ) -> None:
     """Run every sample in ``files`` through the session actors, calling ``on_result(record_json,
     summary)`` in the driver for each session as it finishes, and ``tick()`` at least every
-    ``_TAKE_WAIT_S`` (for time-based flushes). Once ``drain`` is requested no new session starts; this
+    ``_TAKE_WAIT_S`` (for time-based flushes). ``rows`` (the samples in ``files``, 0 if not known) sets
+    how many tasks an actor holds. Once ``drain`` is requested no new session starts; this
     returns when the sessions in flight have finished or the drain timed out."""
     control = start_control()
-    consumer = _Consumer(_dataset(plan, files, control))
+    consumer = _Consumer(_dataset(plan, files, control, tasks_per_actor_for(rows, plan.config.ray)))
     draining = False
     while True:
         # Read before taking: every record handed over before Ray Data's iteration ended is in the queue.
@@ -178,7 +191,7 @@ class _Consumer:
             raise self._error
 
 
-def _dataset(plan: WorkerPlan, files: list[Path], control: Any) -> ray.data.Dataset:
+def _dataset(plan: WorkerPlan, files: list[Path], control: Any, tasks_per_actor: int) -> ray.data.Dataset:
     rc = plan.config.ray
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # raygen prints its own progress
@@ -208,11 +221,11 @@ def _dataset(plan: WorkerPlan, files: list[Path], control: Any) -> ray.data.Data
         batch_size=batch_size_for(rc.sessions_per_worker),
         compute=ray.data.ActorPoolStrategy(
             size=rc.workers,
-            # No tasks queued behind the running ones: Ray Data hands tasks to actors as they become ready,
-            # so the first actors up would otherwise take 4 tasks each and the late ones none (2,000
-            # sessions on 8 actors ran as two waves of 1,000).
-            max_tasks_in_flight_per_actor=_TASKS_PER_ACTOR,
-            max_concurrent_calls_per_actor=_TASKS_PER_ACTOR,
+            # Few tasks queued behind the running ones (tasks_per_actor_for): Ray Data hands tasks to
+            # actors as they become ready, so with 4 the first actors up took 4 tasks each and the late
+            # ones none (2,000 sessions on 8 actors ran as two waves of 1,000).
+            max_tasks_in_flight_per_actor=tasks_per_actor,
+            max_concurrent_calls_per_actor=tasks_per_actor,
         ),
         num_cpus=rc.num_cpus_per_worker,
         max_task_retries=_TASK_RETRIES,
