@@ -167,7 +167,7 @@ class GovernorClient:
         raw = max(0, int(est_tokens))
         est = int(raw * self._token_ratio)
         self._recent.append(now)
-        self._recent_tokens.append(est)
+        self._recent_tokens.append(raw)
         self._fresh_demand = True
         waiter = _Waiter(est, loop.create_future(), now, raw)
         self._waiters.append(waiter)
@@ -321,8 +321,13 @@ class GovernorClient:
         count = min(self._lease_size * (1 if self._paced else _OPEN_LEASE_FACTOR), max(len(unserved), ahead))
         if count <= 0:
             return 0, 0.0
-        avg = sum(self._recent_tokens) / len(self._recent_tokens) if self._recent_tokens else 0.0
-        tokens = sum(w.est_tokens for w in unserved[:count]) + max(0, count - len(unserved)) * avg
+        # Raw estimates times the ratio learned so far: the first answers correct every estimate at once,
+        # those of callers already waiting and of the recent demand too. (Taken as they were when the
+        # callers came, a 512-token allowance for ~180-token calls held a known tpm limit at half pace
+        # for the first ~3 s, until the 64 recent estimates had turned over.)
+        ratio = self._token_ratio
+        avg = ratio * sum(self._recent_tokens) / len(self._recent_tokens) if self._recent_tokens else 0.0
+        tokens = sum(w.raw_tokens * ratio for w in unserved[:count]) + max(0, count - len(unserved)) * avg
         return count, float(tokens)
 
     async def _refill_once(self) -> None:
