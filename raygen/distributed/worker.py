@@ -98,11 +98,9 @@ class SessionWorker:
                 return False
             self.control.started()
             self.metrics.session_started()
-            try:
-                record = await self.runner.run(sample)  # raises only when cancelled
-            except BaseException:
-                self.control.release(*key, started=True)  # no record: it no longer counts as running
-                raise
+            # Cancelled mid-session (raises only then), the key stays "running": a drain then waits for the
+            # task's re-run or its timeout rather than ending while the session's request may be served.
+            record = await self.runner.run(sample)
             self.metrics.session_finished(record.exit_status)
             summary = json.dumps(dataclasses.asdict(summarize(record)))
             handed_over.append(self.control.finish(*key, jsonl_safe(record.model_dump_json()), summary))
