@@ -206,12 +206,7 @@ class RunLock:
             if again is None or again.token != stale.token:
                 self.taken_over = None
                 return False
-            tmp = f"{self.path}.{self.holder.token}.tmp"
-            with open(tmp, "wb") as fh:
-                fh.write(self.holder.to_bytes())
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
+            self.run_dir.storage.put(self.path, [self.holder.to_bytes()])  # temp, fsync, rename over it
             return True
         finally:
             with contextlib.suppress(FileNotFoundError):
