@@ -65,11 +65,10 @@ class ControlLink:
         self._kick()
         return future
 
-    def release(self, sample_key: str, attempt: int, started: bool = False) -> None:
-        """A sample that was told ``run`` will not start after all (the run drains), or its session was
-        cancelled (``started``) and will hand over no record."""
-        if not started:
-            self.waiting -= 1
+    def release(self, sample_key: str, attempt: int) -> None:
+        """A sample that was told ``run`` will not start after all (the run drains, or it was cancelled
+        while it waited for a slot)."""
+        self.waiting -= 1
         self._released.append((sample_key, attempt))
         self._kick()
 

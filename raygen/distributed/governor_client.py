@@ -95,10 +95,10 @@ class _LocalLease:
 
 @dataclass
 class _Waiter:
-    est_tokens: int
     future: asyncio.Future
     since: float
-    raw_tokens: int = 0
+    raw_tokens: int
+    """The caller's own estimate; the learned ratio is applied when a lease is asked for."""
 
 
 class GovernorClient:
@@ -165,11 +165,10 @@ class GovernorClient:
             raise RuntimeError("GovernorClient is closed")
         now = loop.time()
         raw = max(0, int(est_tokens))
-        est = int(raw * self._token_ratio)
         self._recent.append(now)
         self._recent_tokens.append(raw)
         self._fresh_demand = True
-        waiter = _Waiter(est, loop.create_future(), now, raw)
+        waiter = _Waiter(loop.create_future(), now, raw)
         self._waiters.append(waiter)
         self._dispatch()
         try:
