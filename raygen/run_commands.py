@@ -16,8 +16,8 @@ from raygen.configfile import run_config_from_manifest
 from raygen.errors import RETRYABLE
 from raygen.output.hermes import hermes_options
 from raygen.output.merge import MergeResult, choose_finals, merge_run
-from raygen.output.run_dir import STATISTICS_FILE, RunDir
-from raygen.output.run_lock import lock_status
+from raygen.output.run_dir import KEYS_FILE, MANIFEST_FILE, STATISTICS_FILE, RunDir
+from raygen.output.run_lock import Holder, lock_status
 from raygen.output.shards import ShardScanStats
 
 STATS_FILTERS = "filters"
@@ -86,8 +86,13 @@ class RunStatus:
     """Never finished, or failed with a retryable kind and attempts left (``--resume`` runs them)."""
     driver: str | None = None
     """The driver holding the run (``driver.lock``), when there is one: running, or dead and stale."""
+    unplanned: str | None = None
+    """Set when a driver took the run but has not written its manifest and keys (nothing to count yet):
+    whether it is still planning the run or was gone before it wrote the plan."""
 
     def rows(self) -> list[tuple[str, int | str]]:
+        if self.unplanned:
+            return [("state", self.unplanned), ("driver", self.driver or "?")]
         rows: list[tuple[str, int | str]] = [("total", self.total), ("kept", self.kept)]
         rows += [(f"rejected: {k}", v) for k, v in sorted(self.rejected.items())]
         rows += [(f"failed: {k}", v) for k, v in sorted(self.failed.items())]
@@ -101,6 +106,11 @@ def run_status(run_dir: RunDir | str | os.PathLike) -> RunStatus:
     """Count every sample key of ``keys.txt`` once: by the final record the merge would choose (with the
     latest merge's filters), or as pending when it has none or may still be retried."""
     run_dir = RunDir.of(run_dir)
+    lock = lock_status(run_dir)
+    if lock is not None and not (run_dir.exists(MANIFEST_FILE) and run_dir.exists(KEYS_FILE)):
+        # The lock is taken before the plan is written: a status asked in between is not an error.
+        state = "preparing: the driver is planning the run" if lock[1] else "not started: no plan written"
+        return RunStatus(unplanned=state, driver=_driver_state(*lock))
     config = read_run_config(run_dir)
     keys = run_dir.read_keys()
     finals, _ = choose_finals(run_dir, merged_filters(run_dir, config), keys, ShardScanStats())
@@ -115,8 +125,11 @@ def run_status(run_dir: RunDir | str | os.PathLike) -> RunStatus:
         else:
             st.failed[final.reason or "?"] = st.failed.get(final.reason or "?", 0) + 1
     st.pending += len(keys) - len(finals)
-    if (lock := lock_status(run_dir)) is not None:
-        holder, running = lock
-        state = "running" if running else "gone (its lock is taken over by the next run)"
-        st.driver = f"{state}: {holder.describe()}"
+    if lock is not None:
+        st.driver = _driver_state(*lock)
     return st
+
+
+def _driver_state(holder: Holder, running: bool) -> str:
+    state = "running" if running else "gone (its lock is taken over by the next run)"
+    return f"{state}: {holder.describe()}"

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from raygen.errors import ConfigError
 from raygen.output.run_dir import LOCK_FILE, RunDir
 from raygen.output.run_lock import Holder, RunLock, RunLocked, lock_status
 
@@ -154,3 +155,24 @@ def test_object_store_lock(tmp_path):
                 RunLock(run, settle_s=0.2).acquire()
     finally:
         server.stop()
+
+
+def test_status_while_the_driver_plans_the_run_names_the_driver(tmp_path):
+    # The lock is taken before the manifest and keys are written: a status asked in between says so.
+    from raygen.run_commands import run_status
+
+    run = RunDir(tmp_path / "run")
+    proc = holder_process(str(tmp_path / "run"))
+    try:
+        status = run_status(run)
+        rows = dict(status.rows())
+        assert rows["state"].startswith("preparing")
+        assert rows["driver"].startswith("running") and f"pid {proc.pid}" in rows["driver"]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    rows = dict(run_status(run).rows())  # killed before it wrote the plan
+    assert rows["state"].startswith("not started") and rows["driver"].startswith("gone")
+    (tmp_path / "run" / LOCK_FILE).unlink()
+    with pytest.raises(ConfigError, match="not a raygen run folder"):
+        run_status(run)  # no lock, no manifest: not a run
