@@ -139,28 +139,63 @@ def run_pipeline(
     returns when the sessions in flight have finished or the drain timed out."""
     control = start_control()
     consumer = _Consumer(_dataset(plan, files, control, tasks_per_actor_for(rows, plan.config.ray)))
+    collect_records(_ControlCalls(control), consumer, on_result, tick, drain)
+
+
+class _ControlCalls:
+    """The driver's blocking calls to the run's control actor (``RunControl``)."""
+
+    def __init__(self, actor: Any):
+        self._actor = actor
+
+    def take(self, wait_s: float) -> list[tuple[str, str]]:
+        return ray.get(self._actor.take.remote(wait_s))
+
+    def state(self) -> dict[str, Any]:
+        return ray.get(self._actor.state.remote())
+
+    def drain(self) -> None:
+        ray.get(self._actor.drain.remote())
+
+
+def collect_records(
+    control: Any,
+    consumer: _Consumer,
+    on_result: Callable[[str, SessionSummary], None],
+    tick: Callable[[], None],
+    drain: Drain | None,
+) -> None:
+    """The driver's loop of a pass: hand each record to ``on_result`` as the control actor gets it,
+    until Ray Data's iteration ended, or a drain's sessions in flight finished or ran out of time."""
     draining = False
-    while True:
-        # Read before taking: every record handed over before Ray Data's iteration ended is in the queue.
-        ended = consumer.done.is_set()
-        taken = ray.get(control.take.remote(_TAKE_WAIT_S))
+
+    def take(wait_s: float) -> bool:
+        taken = control.take(wait_s)
         for record, summary in taken:
             on_result(record, SessionSummary(**json.loads(summary)))
         tick()
-        if taken:
+        return bool(taken)
+
+    while True:
+        # Read before taking: every record handed over before Ray Data's iteration ended is in the queue.
+        ended = consumer.done.is_set()
+        if take(_TAKE_WAIT_S):
             continue
         if ended:
-            log.info("pass ended: %s", ray.get(control.state.remote()))
+            log.info("pass ended: %s", control.state())
             consumer.raise_error()
             return
         if drain is not None and drain.requested:
             if not draining:
-                ray.get(control.drain.remote())
+                control.drain()
                 draining = True
                 continue  # a session may have started between the last take and the switch
-            state = ray.get(control.state.remote())
+            state = control.state()
             if drain.expired or state["running"] == 0:
                 log.info("drain ended (timed out: %s): %s", drain.expired, state)
+                # Sessions that ended after the take above stopped counting as running with their
+                # records already queued (``RunControl.exchange``): take those too.
+                take(0)
                 # The actors skip what is left without a session; give Ray Data a moment to end the
                 # iteration, else it is abandoned (Ray stops under it, which it logs noisily).
                 consumer.done.wait(_DRAIN_ITERATION_S)
