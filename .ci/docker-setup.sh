@@ -24,6 +24,8 @@ engine_pid() {
     [[ -s "$pidfile" ]] || return 1
     local pid; pid="$(cat "$pidfile")"
     kill -0 "$pid" 2>/dev/null || return 1
+    # A pid file left by an engine of an earlier boot may name another process now (pids are reused).
+    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == dockerd ]] || return 1
     echo "$pid"
 }
 
