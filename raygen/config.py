@@ -10,187 +10,31 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from raygen.config_section import Section as _Section
+from raygen.envs.configs import (  # noqa: F401 (re-exported: one place to import configuration from)
+    DockerEnvConfig,
+    EnvConfig,
+    FakeEnvConfig,
+    LocalEnvConfig,
+    ModalEnvConfig,
+    SingularityEnvConfig,
+)
+from raygen.model.configs import (  # noqa: F401 (re-exported)
+    ChatAPIModelConfig,
+    ModelConfig,
+    OpenAIModelConfig,
+    ProviderConfig,
+    ReasoningEffort,
+    SamplingConfig,
+    ScriptedModelConfig,
+    SimConfig,
+    SimModelConfig,
+)
 from raygen.verify.spec import VerifySpec
-
-
-class _Section(BaseModel):
-    # Unknown keys in a config file are almost always typos; refuse them instead of ignoring them.
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-class SimConfig(_Section):
-    """The built-in OpenAI-compatible simulator (``raygen sim serve``; default model of ``raygen run``)."""
-
-    host: str = "127.0.0.1"
-    """Address the simulator listens on; loopback by default."""
-    port: int = 0
-    """TCP port; 0 picks a free one."""
-    latency_s: float = 0.05
-    """Mean model latency per request, in seconds."""
-    latency_jitter_s: float = 0.0
-    """Uniform jitter added to (or taken from) the latency, in seconds."""
-    rate_limit_rpm: float | None = None
-    """Hard request-rate limit (requests per minute); requests over it get 429 with Retry-After."""
-    rate_limit_tpm: float | None = None
-    """Hard token-rate limit (prompt + completion tokens per minute, charged on arrival); requests over it
-    get 429 with Retry-After."""
-    rate_limit_kind: Literal["token_bucket", "fixed_window", "sliding_window"] = "token_bucket"
-    """How the limits are counted, as providers do: a token bucket (refills continuously, holds
-    ``rate_limit_burst``), fixed windows of ``rate_limit_window_s`` aligned to the clock (the count resets
-    at each boundary), or a sliding window (any ``rate_limit_window_s`` interval holds at most its share)."""
-    rate_limit_window_s: float = Field(60.0, gt=0)
-    """Length of a fixed or sliding window, in seconds; each window admits ``rpm * window_s / 60``
-    requests (and likewise tokens)."""
-    rate_limit_burst: float | None = None
-    """Burst capacity of the rate limit's token bucket (requests); unset: one second's worth of the rate,
-    at least 1."""
-    error_rate: float = 0.0
-    """Share of requests answered with a 5xx error."""
-    hallucinate_rate: float = 0.0
-    """Share of sessions (decided per prompt) that call a tool that does not exist."""
-    no_reasoning_rate: float = 0.0
-    """Share of sessions (decided per prompt) whose assistant turns carry no reasoning."""
-    slow_rate: float = Field(0.0, ge=0, le=1)
-    """Share of sessions (decided per prompt) that are stragglers: each of their requests takes
-    ``slow_factor`` times the latency."""
-    slow_factor: float = Field(50.0, ge=1)
-    """How many times slower a straggler's requests are."""
-    provider_name: str | None = None
-    """Name returned in each response's ``provider`` field, as OpenRouter names the upstream that served
-    the call (recorded per turn in ``turns``); unset: no such field."""
-    stream_chunk_delay_s: float = Field(0.0, ge=0)
-    """Pause before each chunk of a streamed (``stream: true``) answer, in seconds."""
-    reasoning_style: Literal["field", "think", "mixed"] = "mixed"
-    """Where reasoning is returned: the ``reasoning_content`` field, ``<think>`` tags in content, or both
-    styles chosen per session."""
-    seed: int = 0
-    """Seed for the per-prompt decisions and the latency jitter."""
-    log_path: Path | None = None
-    """If set, every request is appended to this JSONL file (prompt hash, decision, status)."""
-    solutions_file: Path | None = None
-    """For verified-task demos and tests: a JSONL of reference solutions (``{"id", "solution_py"}``, as
-    ``verified-tasks.solutions.jsonl``). A prompt asking to write a Python file gets the one completing its
-    code in a share ``solve_rate`` of sessions, else the bare code (which fails the hidden tests). Unset:
-    every prompt gets the probe script."""
-    solve_rate: float = Field(0.5, ge=0, le=1)
-    """Share of coding sessions (drawn per prompt and request ``seed``) that write the reference solution."""
-
-
-class ChatAPIModelConfig(_Section):
-    """What the model backends spoken to over the OpenAI chat-completions API (``openai``, ``sim``) share:
-    the ``openai`` SDK client's settings."""
-
-    type: str
-    """Backend selector."""
-    model: str = "raygen-sim"
-    """Model name sent with each request."""
-    timeout_s: float = 600.0
-    """Timeout of one model request, in seconds."""
-    max_retries: int = 8
-    """Retries of one request on 429, 5xx, timeouts and connection errors before the session fails."""
-    retry_max_wait_s: float = 120.0
-    """Longest wait between two retries (Retry-After from the provider is honoured up to this)."""
-    max_connections: int | None = Field(None, ge=1)
-    """Most HTTP connections to the endpoint per session actor; a request beyond them waits for a free one.
-    Unset: ``ray.sessions_per_worker`` (a session has at most one model request in flight)."""
-
-
-class OpenAIModelConfig(ChatAPIModelConfig):
-    """Any OpenAI-compatible chat-completions endpoint, through the ``openai`` SDK. A ``model`` section
-    without ``type`` is this backend when it has a ``base_url`` (``--base-url``), else ``sim``."""
-
-    type: Literal["openai"] = "openai"
-    """Backend selector."""
-    base_url: str
-    """Endpoint, e.g. ``https://openrouter.ai/api/v1`` (required; for the built-in simulator use
-    ``type: sim``)."""
-    api_key_env: str = "OPENAI_API_KEY"
-    """Name of the environment variable holding the API key (the key itself never goes in config)."""
-
-
-class SimModelConfig(ChatAPIModelConfig):
-    """The built-in OpenAI-compatible simulator, started on loopback for the run (settings: the top-level
-    ``sim`` section) and spoken to over HTTP like any endpoint, with no API key and no cost. The default
-    model of ``raygen run`` when no endpoint is given."""
-
-    type: Literal["sim"] = "sim"
-    """Backend selector."""
-
-
-class ScriptedModelConfig(_Section):
-    """The simulator's scripted policy, in-process with no HTTP: for development and tests."""
-
-    type: Literal["scripted"] = "scripted"
-    """Backend selector."""
-    model: str = "raygen-scripted"
-    """Model name recorded in trajectories."""
-    latency_s: float = Field(0.0, ge=0)
-    """Simulated latency of each call, in seconds (none by default)."""
-
-
-ModelConfig = Annotated[SimModelConfig | OpenAIModelConfig | ScriptedModelConfig, Field(discriminator="type")]
-
-
-class SamplingConfig(_Section):
-    """Request options sent with every chat completion."""
-
-    max_tokens: int | None = None
-    """Completion token limit per model call (``max_tokens``)."""
-    temperature: float | None = None
-    """Sampling temperature; unset uses the provider's default."""
-    seed: int | None = None
-    """Sampling seed passed to the provider (where supported)."""
-    extra_body: dict[str, Any] = Field(default_factory=dict)
-    """Provider-specific options merged into each request body, e.g. an OpenRouter route
-    ``{provider: {order: [...], allow_fallbacks: false}}`` or ``{reasoning: {effort: high}}``.
-    Recorded in the manifest."""
-
-
-ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
-
-
-class ProviderConfig(_Section):
-    """What each request asks of the provider beyond sampling: reasoning, OpenRouter routing, streaming.
-    Mapped per provider by ``raygen.model.provider_options`` (docs/migrating-from-hermes.md)."""
-
-    api_style: Literal["auto", "openrouter", "openai"] = "auto"
-    """How reasoning options are spelled: OpenRouter's ``reasoning: {...}`` object or OpenAI's
-    ``reasoning_effort``; ``auto``: OpenRouter when ``model.base_url`` is on openrouter.ai, else OpenAI's."""
-    reasoning_effort: ReasoningEffort | None = None
-    """How much the model should reason (``--reasoning-effort``); unset: the provider's default."""
-    reasoning: bool = True
-    """False asks the provider for no reasoning at all (``--no-reasoning``): OpenRouter
-    ``reasoning: {enabled: false}``, OpenAI ``reasoning_effort: none``."""
-    providers_allowed: list[str] | None = None
-    """OpenRouter: only these upstream providers may serve the calls (``provider.only``)."""
-    providers_ignored: list[str] | None = None
-    """OpenRouter: never these upstream providers (``provider.ignore``)."""
-    providers_order: list[str] | None = None
-    """OpenRouter: try these upstream providers in this order (``provider.order``)."""
-    provider_sort: Literal["price", "throughput", "latency"] | None = None
-    """OpenRouter: rank upstream providers by this (``provider.sort``)."""
-    stream: bool = False
-    """Receive each reply as a stream of chunks (``stream: true``), for providers and gateways that need
-    it; the reply is assembled before the session goes on."""
-    stream_idle_timeout_s: float = Field(120.0, gt=0)
-    """With ``stream``: longest wait for the next chunk before the call counts as failed (and is retried);
-    ``model.timeout_s`` then bounds only the wait for the response to start."""
-
-    @field_validator("providers_allowed", "providers_ignored", "providers_order", mode="before")
-    @classmethod
-    def _comma_list(cls, value: Any) -> Any:
-        # The flags take ``a,b,c`` as the reference runner's do.
-        return [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
-
-    @model_validator(mode="after")
-    def _reasoning_consistent(self) -> ProviderConfig:
-        if not self.reasoning and self.reasoning_effort not in (None, "none"):
-            raise ValueError("reasoning: false (--no-reasoning) contradicts reasoning_effort")
-        return self
 
 
 class SessionConfig(_Section):
@@ -254,158 +98,6 @@ class ToolsConfig(_Section):
     """Toolset distribution: a built-in name (``raygen distributions``) or a YAML file path."""
     plugins: list[str] = Field(default_factory=list)
     """Extra toolsets as Python import paths ``package.module:attribute`` (a Toolset or a list of them)."""
-
-
-class LocalEnvConfig(_Section):
-    """A fresh working directory per session on the host. Not a sandbox unless ``bwrap`` is on."""
-
-    type: Literal["local"] = "local"
-    """Backend selector."""
-    root: Path | None = None
-    """Parent folder of the per-session workdirs; unset uses the system temp dir."""
-    bwrap: bool = False
-    """Confine each session with bubblewrap: system folders read-only, only its workdir writable, private
-    HOME and /tmp, no network, its own PID namespace (docs/backends.md lists what is mounted)."""
-    bwrap_ro_binds: list[str] = Field(default_factory=list)
-    """Further host paths shown read-only inside the bwrap sandbox (e.g. a toolchain under ``/opt``);
-    the defaults are only the system folders and a list of harmless ``/etc`` entries."""
-    subreaper: bool = True
-    """Without bwrap, run each command under a child subreaper so that whatever it detaches (``setsid``,
-    ``nohup``, double forks) still ends with the session; costs a small extra process a command (about
-    2 ms of CPU with perl, 18 ms without)."""
-    keep_env: list[str] = Field(default_factory=lambda: ["PATH", "LANG", "LC_ALL", "TZ", "TERM"])
-    """Host environment variables passed to commands; everything else is dropped."""
-
-
-class FakeEnvConfig(_Section):
-    """An in-memory environment with a tiny command interpreter: for tests, no processes."""
-
-    type: Literal["fake"] = "fake"
-    """Backend selector."""
-
-
-class DockerEnvConfig(_Section):
-    """One Docker container per session (``pip install "raygen[docker]"``), from the row's ``image``.
-
-    Containers get no network, no privileges and no host mounts unless configured here, and are labelled
-    with the run so ``raygen clean`` can remove leftovers."""
-
-    type: Literal["docker"] = "docker"
-    """Backend selector."""
-    base_url: str | None = None
-    """Docker engine address, e.g. ``unix:///var/run/docker.sock``; unset: ``DOCKER_HOST`` or the default."""
-    default_image: str | None = None
-    """Image for rows that name none; a row without an image fails with ``image_unavailable`` if unset."""
-    pull: Literal["missing", "never", "always"] = "missing"
-    """When to pull: only images not present locally, never (local images only), or once per worker
-    process before first use."""
-    workdir: str = "/work"
-    """Default working directory inside the container (created); a row's relative ``cwd`` is taken in it."""
-    network: bool = False
-    """Give containers the engine's default network; off means ``network_mode=none``."""
-    cpus: float | None = Field(1.0, gt=0)
-    """CPU limit per container (fractional CPUs); unset: no limit."""
-    memory: str | None = "2g"
-    """Memory limit per container (Docker syntax such as ``512m``, ``2g``); unset: no limit."""
-    pids_limit: int | None = Field(1024, ge=1)
-    """Most processes per container (fork-bomb guard); unset: no limit."""
-    mounts: list[str] = Field(default_factory=list)
-    """Host folders bind-mounted into every container, ``host_path:container_path[:ro]``."""
-    api_timeout_s: float = Field(120.0, gt=0)
-    """Timeout of one Docker API call (not of commands, which have their own)."""
-    pull_timeout_s: float = Field(900.0, gt=0)
-    """Timeout of one image pull."""
-    max_api_threads: int = Field(64, ge=1)
-    """Threads per worker process for blocking Docker SDK calls: each running command holds one, so this
-    bounds the commands that run at once in one process."""
-
-    @model_validator(mode="after")
-    def _mounts_well_formed(self) -> DockerEnvConfig:
-        for mount in self.mounts:
-            parts = mount.split(":")
-            if len(parts) not in (2, 3) or not all(parts[:2]) or parts[2:] not in ([], ["ro"], ["rw"]):
-                raise ValueError(f"mount {mount!r} is not host_path:container_path[:ro]")
-        return self
-
-
-class ModalEnvConfig(_Section):
-    """One Modal sandbox per session (``pip install "raygen[modal]"``), from the row's ``image``.
-
-    Credentials come from Modal's own configuration (``MODAL_TOKEN_ID``/``MODAL_TOKEN_SECRET`` or
-    ``~/.modal.toml``). Every sandbox has a hard lifetime (``timeout_s``), so a lost driver cannot leave one
-    running, and is tagged with the run and the session."""
-
-    type: Literal["modal"] = "modal"
-    """Backend selector."""
-    app_name: str = "raygen"
-    """Modal app the sandboxes belong to (looked up, created if missing)."""
-    environment_name: str | None = None
-    """Modal environment of the app; unset: the profile's default environment."""
-    default_image: str | None = None
-    """Registry image for rows that name none; a row without an image fails with ``image_unavailable``
-    if unset."""
-    workdir: str = "/work"
-    """Default working directory inside the sandbox (created); a row's relative ``cwd`` is taken in it."""
-    timeout_s: int = Field(3600, ge=10, le=86_400)
-    """Hard lifetime of each sandbox, in seconds: Modal terminates it then, whatever the driver does.
-    Keep it above ``session.session_timeout_s``."""
-    cpu: float | None = Field(1.0, gt=0)
-    """CPU cores requested per sandbox; unset: Modal's default."""
-    memory: int | None = Field(2048, ge=1)
-    """Memory requested per sandbox, in MiB; unset: Modal's default."""
-    block_network: bool = True
-    """Block all network access from the sandbox."""
-    tags: dict[str, str] = Field(default_factory=dict)
-    """Extra tags on every sandbox (raygen always adds ``raygen.run`` and ``raygen.sample``)."""
-
-    @model_validator(mode="after")
-    def _workdir_absolute(self) -> ModalEnvConfig:
-        if not self.workdir.startswith("/"):
-            raise ValueError(f"workdir {self.workdir!r} must be an absolute path")
-        return self
-
-
-class SingularityEnvConfig(_Section):
-    """One Apptainer/Singularity instance per session (HPC nodes without Docker), from the row's ``image``.
-
-    Only the session's workdir is bound into the container; ``docker://`` images are converted to SIF
-    files once per node. See docs/backends.md."""
-
-    type: Literal["singularity"] = "singularity"
-    """Backend selector."""
-    executable: str | None = None
-    """``apptainer`` or ``singularity`` (a name on PATH or a path); unset: the first of the two on PATH."""
-    default_image: str | None = None
-    """Image for rows that name none (a ``.sif`` file, a sandbox directory or a ``docker://`` reference);
-    a row without an image fails with ``image_unavailable`` if unset."""
-    image_dir: Path | None = None
-    """Relative image paths are taken in this folder; unset: the worker's current directory."""
-    bare_names_are_docker: bool = True
-    """Read an image with no scheme that is no existing file or directory (``python:3.11``) as
-    ``docker://<name>``, so datasets written for the Docker backend work unchanged."""
-    cache_dir: Path | None = None
-    """Where ``docker://`` (and other remote) images are converted to SIF files, once per node. Keep it on a
-    node-local disk (it is locked with ``flock``); unset: ``<system temp dir>/raygen-sif-cache-<uid>``."""
-    pull: Literal["missing", "never"] = "missing"
-    """Convert remote images not yet in ``cache_dir`` (``missing``), or use only cached ones (``never``)."""
-    root: Path | None = None
-    """Parent folder of the per-session workdirs (bound into the container at the same path); unset: the
-    system temp dir."""
-    network: bool = False
-    """Share the host's network; off: ``--net --network none`` (loopback only)."""
-    extra_args: list[str] = Field(default_factory=list)
-    """Extra flags for ``instance start``, e.g. ``["--nv"]`` for NVIDIA GPUs. Flags that bind host folders
-    weaken the isolation."""
-    start_timeout_s: float = Field(120.0, gt=0)
-    """Timeout of starting or stopping one instance."""
-    build_timeout_s: float = Field(1800.0, gt=0)
-    """Timeout of converting one remote image to SIF."""
-
-
-EnvConfig = Annotated[
-    LocalEnvConfig | FakeEnvConfig | DockerEnvConfig | ModalEnvConfig | SingularityEnvConfig,
-    Field(discriminator="type"),
-]
 
 
 class FilterConfig(_Section):

@@ -17,7 +17,8 @@ from raygen.config import RunConfig
 
 HEADER = """# Configuration reference
 
-Generated from the docstrings in `raygen/config.py` by `python -m raygen.docs_gen` (a test keeps it in
+Generated from the docstrings in `raygen/config.py` (and the backends' `raygen/envs/configs.py`,
+`raygen/model/configs.py`) by `python -m raygen.docs_gen` (a test keeps it in
 sync). Every option can be set in a YAML file with the same nesting (`raygen run -c run.yaml`), or one
 at a time on the command line with its dotted key, the value read as YAML: `raygen run prompts.jsonl -c
 session.max_turns=12 -c 'sampling.extra_body={reasoning: {effort: high}}'`. Files and `-c key=value`
@@ -30,7 +31,15 @@ simulator, also the default when there is no `model` section).
 
 def _type_name(annotation: Any) -> str:
     text = repr(annotation) if not isinstance(annotation, type) else annotation.__name__
-    for noise in ("typing.", "pathlib.", "raygen.config.", "<class '", "'>"):
+    for noise in (
+        "typing.",
+        "pathlib.",
+        "raygen.config.",
+        "raygen.envs.configs.",
+        "raygen.model.configs.",
+        "<class '",
+        "'>",
+    ):
         text = text.replace(noise, "")
     return text.replace("NoneType", "None").replace("Annotated[", "").split(", FieldInfo")[0]
 
