@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from raygen.config import GovernorConfig
 from raygen.distributed.leases import Lease, UsageReport
+from raygen.distributed.rate_meters import RATE_WINDOW_S, Bucket, History, RateWindow
 
 MIN_RPM = 1.0
 """The adaptive target never drops below this (requests per minute)."""
@@ -43,9 +43,8 @@ _KNOWN_TRIM = 0.02
 more strictly than the pacing allows for (a one-second sliding window with network jitter)."""
 _KNOWN_FLOOR = 0.9
 """... but never below this share of the configured pace."""
-_RATE_WINDOW_S = 10
-"""Window of the achieved-rate figures in ``snapshot()`` and of the rate measured when a 429 comes: as long
-as the longest window providers commonly count over short of a minute."""
+_RATE_WINDOW_S = RATE_WINDOW_S
+"""Window of the achieved-rate figures in ``snapshot()`` and of the rate measured when a 429 comes."""
 _MIN_MEASURE_S = 1.0
 """The measured rate divides by at least this span (passed time plus Retry-After): no provider counts over
 less than a second, and a token bucket's stored burst must not read as a rate."""
@@ -57,83 +56,11 @@ _HOLDER_TIMEOUT_S = 60.0
 
 
 @dataclass
-class _Bucket:
-    """A token bucket: ``level`` refills at ``rate`` per second up to ``capacity``; it may go negative
-    (debt) when a request costs more than is left, which then delays later grants."""
-
-    rate: float
-    capacity: float
-    level: float
-    last: float
-
-    def refill(self, now: float) -> None:
-        if now > self.last:
-            self.level = min(self.capacity, self.level + (now - self.last) * self.rate)
-        self.last = max(self.last, now)
-
-    def retarget(self, rate: float, burst_s: float, minimum: float = 1.0) -> None:
-        # One unit more than the burst: a bucket that holds exactly one loses whatever refills between
-        # the moment it is full and the next ask (a few ms of lease round trip: ~10% at 20 requests/s).
-        self.rate = rate
-        self.capacity = minimum + rate * burst_s
-        self.level = min(self.level, self.capacity)
-
-    def seconds_until(self, amount: float) -> float:
-        missing = amount - self.level
-        return 0.0 if missing <= 0 else missing / self.rate
-
-
-class _RateWindow:
-    """Counts in bins of ``bin_s`` seconds over the last ``span_s`` seconds (bounded memory)."""
-
-    def __init__(self, span_s: float = _RATE_WINDOW_S, bin_s: float = 0.1):
-        self._bin_s = bin_s
-        self._bins_kept = round(span_s / bin_s)
-        self._bins: deque[list[float]] = deque()  # [bin number, count]
-
-    def add(self, now: float, amount: float, at: float | None = None) -> None:
-        """Count ``amount`` now, or in the bin of the earlier moment ``at`` (dropped if no longer kept)."""
-        key = math.floor((now if at is None else at) / self._bin_s)
-        if at is not None and self._bins and key < self._bins[-1][0]:
-            for entry in reversed(self._bins):
-                if entry[0] <= key:
-                    entry[1] += amount
-                    break
-        elif self._bins and self._bins[-1][0] == key:
-            self._bins[-1][1] += amount
-        else:
-            self._bins.append([key, amount])
-        self._trim(now)
-
-    def total(self, now: float, since: float = -math.inf) -> float:
-        """Sum over the kept span, or from the bin of ``since`` on."""
-        self._trim(now)
-        first = -math.inf if since == -math.inf else math.floor(since / self._bin_s)
-        return sum(count for key, count in self._bins if key >= first)
-
-    def _trim(self, now: float) -> None:
-        oldest = math.floor(now / self._bin_s) - self._bins_kept
-        while self._bins and self._bins[0][0] <= oldest:
-            self._bins.popleft()
-
-
-@dataclass
 class _Holder:
     outstanding: int = 0
     """Slots leased to this worker and not yet completed or returned."""
     in_flight: int = 0
     last_seen: float = 0.0
-
-
-@dataclass
-class _History:
-    """Target-rate samples every ``every_s``; when full, every other sample is dropped and the interval
-    doubles, so a long run keeps its whole shape in bounded memory."""
-
-    max_len: int
-    every_s: float = 1.0
-    samples: list[dict] = field(default_factory=list)
-    next_at: float = 0.0
 
 
 class GovernorPolicy:
@@ -183,9 +110,9 @@ class GovernorPolicy:
         self._step_admitted = 0.0
         self._step_tokens = 0.0
         self._step_limited = 0
-        self._admitted = _RateWindow()
-        self._passed = _RateWindow()  # admitted minus returned minus answered 429
-        self._token_use = _RateWindow()
+        self._admitted = RateWindow()
+        self._passed = RateWindow()  # admitted minus returned minus answered 429
+        self._token_use = RateWindow()
         self._next_reap = now
         self.totals = {
             "granted": 0,
@@ -199,7 +126,7 @@ class GovernorPolicy:
             "leases": 0,
             "tokens": 0,
         }
-        self._history = _History(max_len=history_len, next_at=now)
+        self._history = History(max_len=history_len, next_at=now)
 
     # ---------------------------------------------------------------- public API
 
@@ -316,10 +243,10 @@ class GovernorPolicy:
 
     # ---------------------------------------------------------------- internals
 
-    def _make_bucket(self, per_minute: float | None, now: float) -> _Bucket | None:
+    def _make_bucket(self, per_minute: float | None, now: float) -> Bucket | None:
         if per_minute is None:
             return None
-        bucket = _Bucket(rate=per_minute / 60.0, capacity=0.0, level=0.0, last=now)
+        bucket = Bucket(rate=per_minute / 60.0, capacity=0.0, level=0.0, last=now)
         bucket.retarget(per_minute / 60.0, self.config.burst_s)
         bucket.level = bucket.capacity  # a fresh governor may send one burst's worth at once
         return bucket
