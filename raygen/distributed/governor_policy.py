@@ -93,6 +93,11 @@ class GovernorPolicy:
             self.ceiling_rpm = self.target_rpm = None
         self.target_tpm = self.tpm_ceiling
         self._requests = self._make_bucket(self.target_rpm, now)
+        if self._requests is not None and known_rpm is not None:
+            # A known limit starts with one request, not a full burst: its first second then holds the
+            # paced rate plus one, which a 1-s window allows at 97%; rate plus burst (~3 at 1,200 rpm)
+            # drew a 429 from a fixed or sliding 1-s window at once, and with it a trim for the whole run.
+            self._requests.level = min(self._requests.level, 1.0)
         self._tokens = self._make_bucket(self.target_tpm, now)
         self._holder_timeout_s = holder_timeout_s
         self._holders: dict[str, _Holder] = {}

@@ -49,7 +49,7 @@ def test_known_rpm_paces_a_greedy_client_over_a_minute():
         clock.t += 0.01
     total = sum(n for _, n in grants)
     print(f"\nknown rpm 600, greedy client, 60 s: {total} granted")
-    # 600 per minute plus the one initial burst (10 + 1), within rounding.
+    # 600 per minute plus the one request a known limit starts with, within rounding.
     assert 600 <= total <= 600 + 11 + 1
     assert max(n for _, n in grants) <= 11  # never more than burst_s worth (plus one) at once
     # Any window of w seconds holds at most burst + rate * w.
@@ -90,12 +90,22 @@ def grant_as_the_actor_does(policy: GovernorPolicy, clock: FakeClock, seconds: f
 
 
 def test_smaller_burst_window_means_smaller_bursts():
-    lim, _ = make(rpm=600, burst_s=0.2)
+    lim, clock = make(rpm=600, burst_s=0.2)
+    assert lim.lease("w", 1000).requests == 1  # a known limit starts with one request, not a burst
+    clock.t += 5
     assert lim.lease("w", 1000).requests == 3  # 0.2 s of 10/s, plus the one request a bucket must hold
+
+
+def test_a_known_limit_starts_with_one_request_so_its_first_second_holds_a_one_second_window():
+    lim, clock = make(rpm=1200, headroom=0.97)
+    start = clock.t
+    grants = grant_as_the_actor_does(lim, clock, 1.0)
+    assert sum(g < start + 1.0 for g in grants) <= 20  # 19.4/s paced, plus the one at the start
 
 
 def test_min_requests_holds_back_until_a_batch_is_available():
     lim, clock = make(rpm=600, burst_s=1.0)
+    clock.t += 2.0  # the bucket fills (a known limit starts with one request)
     assert lim.lease("w", 11).requests == 11
     clock.t += 0.35  # 3.5 slots refilled
     assert lim.lease("w", 5, min_requests=5).requests == 0
@@ -257,6 +267,7 @@ def test_retry_after_pauses_every_worker_until_it_passes():
 def test_known_rpm_is_only_trimmed_and_honours_retry_after():
     lim, clock = make(rpm=600, burst_s=1.0)
     assert not lim.adaptive
+    clock.t += 1.0
     lim.lease("a", 5)
     lim.report("a", limited(0))  # the provider counts more strictly than the pacing: 2 % slower
     assert lim.target_rpm == pytest.approx(588) and lim.lease("a", 1).requests == 1
