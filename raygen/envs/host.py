@@ -33,33 +33,58 @@ def _make_dirs_writable(top: Path) -> None:
             allow(os.path.join(parent, name))
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
 def remove_small_tree(path: Path, max_entries: int = 64) -> bool | None:
-    """``remove_tree`` for a tree of at most ``max_entries`` entries; ``None`` (nothing removed) for a
-    larger one. Meant to run on an event loop: a small tree goes in well under a millisecond, while a
-    thread hop costs tens of milliseconds on a busy loop (each of the thread's syscalls waits for the
-    GIL again). Larger trees go to a thread."""
-    count, pending = 0, [str(path)]
-    while pending:
-        try:
-            with os.scandir(pending.pop()) as entries:
-                for entry in entries:
-                    count += 1
-                    if count > max_entries:
-                        return None
-                    if entry.is_dir(follow_symlinks=False):
-                        pending.append(entry.path)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return None  # unreadable (chmod -r): remove_tree makes it readable first
-    # One attempt: remove_tree's retries sleep, which must not happen on a loop.
+    """``remove_tree`` for a tree of at most ``max_entries`` entries: True once it is gone; ``None``
+    when it is larger or an entry resists (a read-only directory), with what is left for ``remove_tree``
+    in a thread. Meant to run on an event loop: a small tree goes in a fraction of a millisecond, while a
+    thread hop costs tens of milliseconds on a busy loop (each of the thread's syscalls waits for the GIL
+    again). One pass over directory file descriptors, symlinks never followed: ``shutil.rmtree`` plus
+    making directories writable walked the tree three times (about 1 ms of a session actor's CPU per
+    session, a tenth of its share, for the four directories of an empty workdir)."""
+    budget = [max_entries]
     try:
-        _make_dirs_writable(path)
-        shutil.rmtree(path)
+        top = os.open(path, _DIR_FLAGS)
     except FileNotFoundError:
-        return True if not path.exists() else None
+        return True
     except OSError:
         return None
+    try:
+        if not _clear(top, budget):
+            return None
+    except OSError:  # one attempt: remove_tree's retries sleep, which must not happen on a loop
+        return None
+    finally:
+        os.close(top)
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    return True
+
+
+def _clear(fd: int, budget: list[int]) -> bool:
+    """Remove what the directory open as ``fd`` holds; False (and stop) once ``budget`` entries are used."""
+    with os.scandir(fd) as entries:
+        found = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+    for name, is_dir in found:
+        budget[0] -= 1
+        if budget[0] < 0:
+            return False
+        if is_dir:
+            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            try:
+                if not _clear(sub, budget):
+                    return False
+            finally:
+                os.close(sub)
+            os.rmdir(name, dir_fd=fd)
+        else:
+            os.unlink(name, dir_fd=fd)
     return True
 
 
