@@ -87,6 +87,14 @@ def command_environment(
     return {name: value for name, value in env.items() if value not in secrets}
 
 
+@functools.lru_cache(maxsize=16)
+def _real_parent(parent: str) -> str:
+    """The workdirs' parent folder, created if missing and with symlinks resolved (``/tmp`` may be one):
+    once per worker process, not once per session (``resolve`` is a system call per path component)."""
+    os.makedirs(parent, exist_ok=True)
+    return os.path.realpath(parent)
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -165,17 +173,22 @@ class LocalEnvironment(Environment):
             self._bwrap = bwrap
         else:
             _warn_not_sandbox_once()
-        parent = Path(self.config.root) if self.config.root else Path(tempfile.gettempdir())
+        parent = self.config.root or tempfile.gettempdir()
         prefix = f"raygen-{_slug(self.spec.run_name)}-{_slug(self.spec.session_key)}-"
         try:
-            parent.mkdir(parents=True, exist_ok=True)
-            self.workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=parent)).resolve()
+            try:
+                workdir = tempfile.mkdtemp(prefix=prefix, dir=_real_parent(str(parent)))
+            except FileNotFoundError:  # the parent was removed since this process first made it
+                _real_parent.cache_clear()
+                workdir = tempfile.mkdtemp(prefix=prefix, dir=_real_parent(str(parent)))
             for sub in ("home", "tmp", "root"):
-                (self.workdir / sub).mkdir()
+                os.mkdir(os.path.join(workdir, sub))
+            self.workdir = Path(workdir)
             # normpath on "/" + cwd collapses "..", so a row's cwd can never climb out of the workdir.
             inside = posixpath.normpath(posixpath.join("/", self.spec.cwd or "/")).lstrip("/")
             self.cwd = self.workdir / "root" / inside
-            self.cwd.mkdir(parents=True, exist_ok=True)
+            if inside:
+                self.cwd.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise SessionFailure(
                 "env_start", f"cannot create a session workdir under {parent}: {exc}"

@@ -83,6 +83,20 @@ async def test_workdir_layout_and_names(tmp_path: Path):
         assert result.stdout == f"{env.workdir}/home|{env.workdir}/tmp\n{env.cwd}\n"
 
 
+async def test_workdirs_resolve_a_symlinked_root_and_survive_its_removal(tmp_path: Path):
+    # The parent is created and resolved once per process; removed meanwhile, it is made again.
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    config = LocalEnvConfig(root=tmp_path / "link" / "runs")
+    async with LocalEnvironment(config, EnvSpec(session_key="a")) as env:
+        assert env.workdir.parent == (tmp_path / "real" / "runs").resolve()
+        assert (await env.exec("pwd", 10, 1000)).stdout == f"{env.cwd}\n"
+    (tmp_path / "real" / "runs").rmdir()
+    async with LocalEnvironment(config, EnvSpec(session_key="b")) as env:
+        assert env.cwd.is_dir() and env.workdir.parent == (tmp_path / "real" / "runs").resolve()
+    assert not any((tmp_path / "real" / "runs").iterdir())
+
+
 async def test_command_env_is_scrubbed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-should-not-leak")
     monkeypatch.setenv("MY_SECRET_TOKEN", "tok-should-not-leak")
