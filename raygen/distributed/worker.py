@@ -113,4 +113,5 @@ class SessionWorker:
         handed_over: list[asyncio.Future[None]] = []
         ran = await asyncio.gather(*(self._one(str(t), handed_over) for t in batch["text"]))
         await asyncio.gather(*handed_over)
+        self.metrics.flush()  # the actor may be stopped once Ray Data has seen its last batch end
         yield {"ran": [sum(ran)], "skipped": [len(ran) - sum(ran)]}
