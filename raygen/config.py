@@ -208,7 +208,7 @@ class GovernorConfig(_Section):
     over the last 10 s, divided by that span plus the provider's Retry-After), then the target grows
     again after clean, busy traffic and each further 429 cuts it to the measured rate (AIMD). With ``rpm``
     set and adaptive on, ``rpm`` is the start and the ceiling. Off: a 429 pauses the cluster for its
-    Retry-After and slows a known limit by 2% (down to 90%); with no limit either, nothing is governed
+    Retry-After and slows a known limit by 1.5% (down to 90%); with no limit either, nothing is governed
     (``--adaptive/--no-adaptive``)."""
     initial_rpm: float | None = Field(None, gt=0)
     """Adaptive start rate when ``rpm`` is unset; from it the target doubles after each clean, busy
@@ -233,7 +233,7 @@ class GovernorConfig(_Section):
     Providers count over token buckets, fixed windows or sliding windows of 1 to 60 s; paced at
     ``headroom`` with a 0.1 s burst every window of 10 s or more holds (a 1-s burst at 97% overshoots a
     10-s sliding window). Only a 1-s sliding window can still refuse a bunched request now and then; a
-    known limit then paces 2% slower per 429 (down to 90%), a learned one is cut to the measured rate.
+    known limit then paces 1.5% slower per 429 (down to 90%), a learned one is cut to the measured rate.
     Smaller values cost more remote calls per request (each lease holds at most one burst)."""
     lease_size: int = Field(8, ge=1)
     """Most request slots a worker takes from the governor in one remote call."""

@@ -38,7 +38,7 @@ _BUSY_SHARE = 0.8
 _MIN_STEP_REQUESTS = 3
 """An increase interval spans at least this many requests' worth of the target, so that "busy" is judged on
 more than one request at low rates."""
-_KNOWN_TRIM = 0.02
+_KNOWN_TRIM = 0.015
 """A 429 under a known ``rpm`` (adaptive off) lowers the pace by this share of it: the provider counts
 more strictly than the pacing allows for (a one-second sliding window with network jitter)."""
 _KNOWN_FLOOR = 0.9
@@ -93,11 +93,7 @@ class GovernorPolicy:
             self.ceiling_rpm = self.target_rpm = None
         self.target_tpm = self.tpm_ceiling
         self._requests = self._make_bucket(self.target_rpm, now)
-        if self._requests is not None and known_rpm is not None:
-            # A known limit starts with one request, not a full burst: its first second then holds the
-            # paced rate plus one, which a 1-s window allows at 97%; rate plus burst (~3 at 1,200 rpm)
-            # drew a 429 from a fixed or sliding 1-s window at once, and with it a trim for the whole run.
-            self._requests.level = min(self._requests.level, 1.0)
+        self._known_start = known_rpm is not None
         self._tokens = self._make_bucket(self.target_tpm, now)
         self._holder_timeout_s = holder_timeout_s
         self._holders: dict[str, _Holder] = {}
@@ -147,6 +143,12 @@ class GovernorPolicy:
         per_request = max(0.0, want_tokens) / want_requests
         if now < self.paused_until:
             return self._lease_reply(0, per_request, now, wait_hint_s=self.paused_until - now)
+        if self._first_grant is None and self._known_start and self._requests is not None:
+            # A known limit starts with one request, not a full burst (the bucket has filled while the
+            # workers started): the first second then holds the paced rate plus one, which a 1-s window
+            # allows at 97%. Rate plus burst (~22 at 1,200 rpm) drew 429s from a sliding 1-s window
+            # within the first two seconds, and with them two trims (97% -> 93%) for the whole run.
+            self._requests.level = min(self._requests.level, 1.0)
         available = self._available(want_requests, per_request)
         floor = max(1, min(min_requests, want_requests, self._max_grantable(per_request)))
         if available < floor:

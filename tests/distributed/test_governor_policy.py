@@ -105,7 +105,8 @@ def test_a_known_limit_starts_with_one_request_so_its_first_second_holds_a_one_s
 
 def test_min_requests_holds_back_until_a_batch_is_available():
     lim, clock = make(rpm=600, burst_s=1.0)
-    clock.t += 2.0  # the bucket fills (a known limit starts with one request)
+    assert lim.lease("w", 11).requests == 1  # a known limit starts with one request
+    clock.t += 2.0  # then the bucket fills
     assert lim.lease("w", 11).requests == 11
     clock.t += 0.35  # 3.5 slots refilled
     assert lim.lease("w", 5, min_requests=5).requests == 0
@@ -267,10 +268,10 @@ def test_retry_after_pauses_every_worker_until_it_passes():
 def test_known_rpm_is_only_trimmed_and_honours_retry_after():
     lim, clock = make(rpm=600, burst_s=1.0)
     assert not lim.adaptive
-    clock.t += 1.0
     lim.lease("a", 5)
-    lim.report("a", limited(0))  # the provider counts more strictly than the pacing: 2 % slower
-    assert lim.target_rpm == pytest.approx(588) and lim.lease("a", 1).requests == 1
+    lim.report("a", limited(0))  # the provider counts more strictly than the pacing: 1.5 % slower
+    clock.t += 0.2
+    assert lim.target_rpm == pytest.approx(591) and lim.lease("a", 1).requests == 1
     for _ in range(20):
         clock.t += 1.0
         lim.report("a", limited(lim.epoch))
