@@ -222,7 +222,8 @@ class GovernorConfig(_Section):
     increase_fraction: float = Field(0.03, gt=0, le=1)
     """Near the limit learned from the last 429, the target grows by this fraction of that limit after each
     ``increase_interval_s`` of clean traffic that used the target (additive increase); far below it, or
-    before any 429, it doubles (slow start)."""
+    before any 429, it doubles (slow start). Once two cuts in a row measured about the same limit, it grows
+    only up to that limit, and past it at half the pace per such cut (down to an eighth)."""
     increase_interval_s: float = Field(1.0, gt=0)
     """Seconds of clean traffic between two increases of the adaptive target (at least three requests'
     worth of the target)."""

@@ -33,6 +33,10 @@ _NEAR_LAST_LIMIT = 0.9
 """Below this share of the measured limit, the target grows fast."""
 _FORGET_LAST_LIMIT = 1.5
 """Above this multiple of the measured limit without a 429, the old limit is forgotten."""
+_SAME_LIMIT = 0.1
+"""Two cuts measured "the same limit" when the rates differ by at most this share."""
+_MAX_PROBE_HALVINGS = 3
+"""Probing past a limit measured alike in several cuts in a row slows down to 1/2**this of its pace."""
 _BUSY_SHARE = 0.8
 """The target only grows when at least this share of it was used during the last interval."""
 _MIN_STEP_REQUESTS = 3
@@ -103,6 +107,7 @@ class GovernorPolicy:
         self.paused_until = now
         self._last_cut = -math.inf
         self.measured_limit_rpm: float | None = None
+        self._confirmed = 0  # cuts in a row that measured about the same limit as the one before
         """The rate the provider let through when its last 429 came (None before any)."""
         self._first_grant: float | None = None
         self._settling: tuple[float, float] | None = None  # (first 429 at, its Retry-After)
@@ -370,6 +375,9 @@ class GovernorPolicy:
             # sliding window lets through only what expires, less than it allows on average. A further
             # 429 cuts again.
             target = self.target_rpm * self.config.decrease_factor
+        last = self.measured_limit_rpm
+        same = last is not None and abs(measured - last) <= _SAME_LIMIT * last
+        self._confirmed = self._confirmed + 1 if same else 0
         self.measured_limit_rpm = measured
         self._set_target_rpm(target, now)
 
@@ -429,10 +437,14 @@ class GovernorPolicy:
                 target = min(self.target_rpm * _SLOW_START, _NEAR_LAST_LIMIT * last)
             elif self.target_rpm < last:
                 target = self.target_rpm + self.config.increase_fraction * last
+                if self._confirmed:  # a limit measured alike twice: go up to it, probe past it slowly
+                    target = min(target, last)
             else:
                 # Past the measured limit a window provider answers late (a sliding window of 10 s only
-                # refuses once it is full), so probe a third as fast.
-                target = self.target_rpm + self.config.increase_fraction * last / 3
+                # refuses once it is full), so probe a third as fast; and half as fast again for each
+                # cut in a row that measured the same limit: every probe past a fixed limit costs 429s.
+                step = self.config.increase_fraction * last / 3
+                target = self.target_rpm + step / 2 ** min(self._confirmed, _MAX_PROBE_HALVINGS)
             factor = target / self.target_rpm
             self._set_target_rpm(target, now)
             self._scale_tpm(factor, now)

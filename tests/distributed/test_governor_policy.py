@@ -10,6 +10,7 @@ import random
 import pytest
 
 from raygen.config import GovernorConfig, SimConfig
+from raygen.distributed import governor_policy
 from raygen.distributed.governor_policy import GovernorPolicy
 from raygen.distributed.leases import UsageReport
 from raygen.sim.limits import RateLimits
@@ -475,6 +476,18 @@ def test_a_known_limit_holds_whichever_way_it_is_counted(kind, window_s, limit_r
     print(f"\nknown limit, {kind} {window_s} s, {limit_rpm} rpm: {_fmt(result)}")
     assert result["utilization"] >= 0.95
     assert result["share_429"] <= 0.005
+
+
+def test_probing_past_a_limit_measured_alike_slows_down(monkeypatch):
+    # A fixed limit, learned over a minute: once two cuts in a row measure about the same rate, the
+    # governor goes up to it and probes past it ever more slowly, so fewer probes end in 429s.
+    confirmed = simulate(GovernorConfig(), provider(1200), job_s=60)
+    monkeypatch.setattr(governor_policy, "_SAME_LIMIT", -1.0)  # never "the same": every probe at full pace
+    unconfirmed = simulate(GovernorConfig(), provider(1200), job_s=60)
+    print(f"\nconfirmed: {_fmt(confirmed)}\nunconfirmed: {_fmt(unconfirmed)}")
+    assert confirmed["cuts"] < unconfirmed["cuts"]
+    assert confirmed["share_429"] < unconfirmed["share_429"]
+    assert confirmed["utilization"] >= 0.95
 
 
 @pytest.mark.parametrize("limit_rpm", [600, 3000])
