@@ -213,6 +213,11 @@ class GovernorClient:
             report.rate_limited += 1
             report.rate_limited_epoch = max(report.rate_limited_epoch, permit.epoch)
             self.stats["rate_limited"] += 1
+            # The slots held with it belong to the rate that drew the 429: back they go, so the retry
+            # (after the provider's Retry-After, often tens of ms) asks the governor, which has this
+            # report by then, instead of going out on an old slot. With nothing paced yet a worker holds
+            # up to 64 such slots, and its retries drew a second wave of 429s (7 of a run's 23).
+            self._return_slots(lambda lease: lease.epoch <= permit.epoch)
         elif status is None or status >= 500:
             report.errors += 1
         # The reset headers are only a reason to pause once the provider refused. On a 200 they say

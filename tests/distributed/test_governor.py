@@ -142,6 +142,44 @@ async def test_unused_leased_slots_expire_and_go_back():
     await gate.aclose()
 
 
+class _Distant:
+    """The governor a network hop away: each call takes ``delay_s`` before it reaches it."""
+
+    def __init__(self, service: GovernorService, delay_s: float):
+        self._service, self._delay_s = service, delay_s
+
+    async def lease(self, *args):
+        await asyncio.sleep(self._delay_s)
+        return await self._service.lease(*args)
+
+    async def report(self, *args):
+        await asyncio.sleep(self._delay_s)
+        return await self._service.report(*args)
+
+
+async def test_a_429_gives_back_the_slots_held_with_it():
+    # Nothing paced: a worker holds a large lease. Its first 429 returns the rest at once, so a retry
+    # sent before the governor's answer arrives asks the governor (which holds it while the answers to
+    # the old rate come in) rather than going out on a slot of the rate that drew the 429.
+    service = GovernorService(GovernorConfig())
+    gate = GovernorClient(_Distant(service, 0.05), lease_size=8)
+    await run_load([gate], tasks_per_gate=8, permits=200, hold_s=0.01)  # demand: leases run ahead of it
+    permits = list(await asyncio.gather(*(gate.acquire(10) for _ in range(3))))
+    held = sum(lease.left for lease in gate._leases)
+    assert held > 0
+    gate.release(permits[0], status=429, retry_after_s=0.01)
+    assert not gate._leases and gate.stats["returned"] == held
+    await asyncio.sleep(0.02)  # the provider's Retry-After passed; the governor has not answered yet
+    retry = asyncio.ensure_future(gate.acquire(10))
+    await asyncio.sleep(0.2)
+    assert not retry.done()
+    for permit in permits[1:]:
+        gate.release(permit, status=200)
+    await asyncio.wait_for(retry, 5)
+    gate.release(retry.result(), status=200)
+    await gate.aclose()
+
+
 async def test_a_429_pauses_the_other_gate_and_cuts_the_target():
     service = GovernorService(GovernorConfig(initial_rpm=6000, max_rpm=6000, adaptive=True))
     a, b = GovernorClient(service, lookahead=False), GovernorClient(service, lookahead=False)
