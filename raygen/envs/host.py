@@ -3,10 +3,13 @@ variable names hold credentials, and removing a workdir whatever its commands le
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
+import tempfile
 import time
+from collections.abc import Iterable
 from contextlib import suppress
 from pathlib import Path
 
@@ -31,6 +34,31 @@ def _make_dirs_writable(top: Path) -> None:
     for parent, dirs, _files in os.walk(top):
         for name in dirs:
             allow(os.path.join(parent, name))
+
+
+def make_workdir(parent: str | os.PathLike, prefix: str, subdirs: Iterable[str]) -> Path:
+    """A fresh session workdir ``<parent>/<prefix>XXXX`` (symlinks in ``parent`` resolved) holding empty
+    ``subdirs``; ``OSError`` if it cannot be made."""
+    try:
+        workdir = tempfile.mkdtemp(prefix=prefix, dir=_real_parent(str(parent)))
+    except FileNotFoundError:  # the parent was removed since this process first made it
+        _real_parent.cache_clear()
+        workdir = tempfile.mkdtemp(prefix=prefix, dir=_real_parent(str(parent)))
+    try:
+        for sub in subdirs:
+            os.mkdir(os.path.join(workdir, sub))
+    except OSError:
+        shutil.rmtree(workdir, ignore_errors=True)  # the caller gets no workdir to close
+        raise
+    return Path(workdir)
+
+
+@functools.lru_cache(maxsize=16)
+def _real_parent(parent: str) -> str:
+    """The workdirs' parent folder, created if missing and with symlinks resolved (``/tmp`` may be one):
+    once per worker process, not once per session (``resolve`` is a system call per path component)."""
+    os.makedirs(parent, exist_ok=True)
+    return os.path.realpath(parent)
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)

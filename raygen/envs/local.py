@@ -33,7 +33,7 @@ from raygen.config import LocalEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult
 from raygen.envs.bwrap import readable, sandbox_argv
 from raygen.envs.capture import OutputCapture, exec_result
-from raygen.envs.host import looks_secret, remove_small_tree, remove_tree
+from raygen.envs.host import looks_secret, make_workdir, remove_small_tree, remove_tree
 from raygen.envs.processes import (
     TIMEOUT_EXIT_CODE,
     anyone_inside,
@@ -85,14 +85,6 @@ def command_environment(
     env["HOME"], env["TMPDIR"] = home, tmpdir
     secrets = {value for value in spec.secret_values if value}
     return {name: value for name, value in env.items() if value not in secrets}
-
-
-@functools.lru_cache(maxsize=16)
-def _real_parent(parent: str) -> str:
-    """The workdirs' parent folder, created if missing and with symlinks resolved (``/tmp`` may be one):
-    once per worker process, not once per session (``resolve`` is a system call per path component)."""
-    os.makedirs(parent, exist_ok=True)
-    return os.path.realpath(parent)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -176,14 +168,7 @@ class LocalEnvironment(Environment):
         parent = self.config.root or tempfile.gettempdir()
         prefix = f"raygen-{_slug(self.spec.run_name)}-{_slug(self.spec.session_key)}-"
         try:
-            try:
-                workdir = tempfile.mkdtemp(prefix=prefix, dir=_real_parent(str(parent)))
-            except FileNotFoundError:  # the parent was removed since this process first made it
-                _real_parent.cache_clear()
-                workdir = tempfile.mkdtemp(prefix=prefix, dir=_real_parent(str(parent)))
-            for sub in ("home", "tmp", "root"):
-                os.mkdir(os.path.join(workdir, sub))
-            self.workdir = Path(workdir)
+            self.workdir = make_workdir(parent, prefix, ("home", "tmp", "root"))
             # normpath on "/" + cwd collapses "..", so a row's cwd can never climb out of the workdir.
             inside = posixpath.normpath(posixpath.join("/", self.spec.cwd or "/")).lstrip("/")
             self.cwd = self.workdir / "root" / inside

@@ -44,7 +44,7 @@ from pathlib import Path
 from raygen.config import SingularityEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
 from raygen.envs.capture import OutputCapture, exec_result
-from raygen.envs.host import looks_secret, remove_tree
+from raygen.envs.host import looks_secret, make_workdir, remove_tree
 from raygen.envs.processes import (
     DRAIN_GRACE_S,
     EXEC_ID_VAR,
@@ -176,13 +176,10 @@ class SingularityEnvironment(Environment):
                 raise SessionFailure("env_start", f"cannot create the cwd {self.cwd}: {detail}")
 
     def _make_workdir(self) -> Path:
-        parent = Path(self.config.root) if self.config.root else Path(tempfile.gettempdir())
+        parent = self.config.root or tempfile.gettempdir()
         prefix = f"raygen-{_slug(self.spec.run_name)}-{_slug(self.spec.session_key)}-"
         try:
-            parent.mkdir(parents=True, exist_ok=True)
-            self.workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=parent)).resolve()
-            for sub in ("home", "work"):
-                (self.workdir / sub).mkdir()
+            self.workdir = make_workdir(parent, prefix, ("home", "work"))
         except OSError as exc:
             raise SessionFailure(
                 "env_start", f"cannot create a session workdir under {parent}: {exc}"

@@ -8,7 +8,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from raygen.envs.host import remove_small_tree, remove_tree
+import pytest
+
+from raygen.envs.host import make_workdir, remove_small_tree, remove_tree
 from raygen.envs.processes import anyone_inside
 
 
@@ -80,3 +82,14 @@ def test_a_small_tree_that_cannot_go_at_once_is_left_for_the_retrying_thread(tmp
     monkeypatch.setattr("raygen.envs.host.os.unlink", busy)
     assert remove_small_tree(top) is None  # no sleeping retry here: the caller's thread does that
     assert top.exists()
+
+
+def test_make_workdir_resolves_its_parent_and_leaves_nothing_when_a_subfolder_fails(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    made = make_workdir(tmp_path / "link" / "runs", "raygen-x-", ("home", "tmp"))
+    assert made.parent == (tmp_path / "real" / "runs").resolve() and made.name.startswith("raygen-x-")
+    assert sorted(p.name for p in made.iterdir()) == ["home", "tmp"]
+    with pytest.raises(FileNotFoundError):
+        make_workdir(tmp_path / "link" / "runs", "raygen-y-", ("home", "no/such/parent"))
+    assert [p.name for p in (tmp_path / "real" / "runs").iterdir()] == [made.name]
