@@ -97,7 +97,6 @@ class GovernorPolicy:
             self.ceiling_rpm = self.target_rpm = None
         self.target_tpm = self.tpm_ceiling
         self._requests = self._make_bucket(self.target_rpm, now)
-        self._known_start = known_rpm is not None
         self._tokens = self._make_bucket(self.target_tpm, now)
         self._holder_timeout_s = holder_timeout_s
         self._holders: dict[str, _Holder] = {}
@@ -107,8 +106,8 @@ class GovernorPolicy:
         self.paused_until = now
         self._last_cut = -math.inf
         self.measured_limit_rpm: float | None = None
-        self._confirmed = 0  # cuts in a row that measured about the same limit as the one before
         """The rate the provider let through when its last 429 came (None before any)."""
+        self._confirmed = 0  # cuts in a row that measured about the same limit as the one before
         self._first_grant: float | None = None
         self._settling: tuple[float, float] | None = None  # (first 429 at, its Retry-After)
         self._pacing_since = -math.inf  # when the current target was set by a cut
@@ -148,7 +147,7 @@ class GovernorPolicy:
         per_request = max(0.0, want_tokens) / want_requests
         if now < self.paused_until:
             return self._lease_reply(0, per_request, now, wait_hint_s=self.paused_until - now)
-        if self._first_grant is None and self._known_start and self._requests is not None:
+        if self._first_grant is None and self.config.rpm is not None:
             # A known limit starts with one request, not a full burst (the bucket has filled while the
             # workers started): the first second then holds the paced rate plus one, which a 1-s window
             # allows at 97%. Rate plus burst (~22 at 1,200 rpm) drew 429s from a sliding 1-s window
@@ -253,14 +252,14 @@ class GovernorPolicy:
         self._advance()
         return list(self._history.samples)
 
-    # ---------------------------------------------------------------- internals
+    # ---------------------------------------------------------------- internals: capacity
 
     def _make_bucket(self, per_minute: float | None, now: float) -> Bucket | None:
         if per_minute is None:
             return None
         bucket = Bucket(rate=per_minute / 60.0, capacity=0.0, level=0.0, last=now)
         bucket.retarget(per_minute / 60.0, self.config.burst_s)
-        bucket.level = bucket.capacity  # a fresh governor may send one burst's worth at once
+        bucket.level = bucket.capacity  # one burst's worth at once (a known rpm's first grant: see lease)
         return bucket
 
     def _touch(self, holder: str, now: float) -> _Holder:
@@ -336,6 +335,8 @@ class GovernorPolicy:
             or self.config.max_in_flight is not None
             or self._settling is not None,
         )
+
+    # ---------------------------------------------------------------- internals: learning the limit
 
     def _cut(self, now: float, epoch: int, pause_s: float = 0.0) -> None:
         """Set the target to the rate the provider let through, once per window and only for 429s on
@@ -471,6 +472,8 @@ class GovernorPolicy:
         self._step_admitted = 0.0
         self._step_tokens = 0.0
         self._step_limited = 0
+
+    # ---------------------------------------------------------------- internals: pauses, workers, history
 
     def _pause(self, now: float, seconds: float) -> None:
         until = now + min(seconds, self.config.max_pause_s)
