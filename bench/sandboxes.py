@@ -1,7 +1,8 @@
 """Environment backends: start / exec / stop latency of one sandbox, and Docker sessions/s through raygen.
 
 Latency: ``Environment.start()``, one ``exec("echo ok")`` and ``close()`` timed one after the other, many
-times, per backend (``fake``, ``local``, ``local`` with bubblewrap if installed, ``docker`` with the
+times, per backend (``fake``, ``local``, ``local`` with its per-command subreaper script instead of the
+command spawner, ``local`` with bubblewrap if installed, ``docker`` with the
 ``raygen-test/busybox`` image if ``DOCKER_HOST`` is set); medians in milliseconds, p90 in the notes.
 Modal needs its cloud and Singularity an apptainer install: not measured here.
 
@@ -22,9 +23,10 @@ import time
 
 from bench.common import Context, Row, Sim, run_raygen, write_prompts
 from raygen.config import DockerEnvConfig, FakeEnvConfig, LocalEnvConfig, SimConfig
-from raygen.envs import EnvSpec, ExecResult, create_environment
+from raygen.envs import EnvSpec, ExecResult, create_environment, local
 
 IMAGE = "raygen-test/busybox"
+_SCRIPT_LABEL = "local, subreaper script per command (the spawner's fallback)"
 
 
 def _docker_problem() -> str | None:
@@ -96,7 +98,12 @@ def _ms(values: list[float], q: float = 0.5) -> float:
 def run(ctx: Context) -> list[Row]:
     repeats = 5 if ctx.quick else 30
     docker_problem = _docker_problem()
-    backends = [("bare bash -c (reference)", "bare"), ("fake", FakeEnvConfig()), ("local", LocalEnvConfig())]
+    backends = [
+        ("bare bash -c (reference)", "bare"),
+        ("fake", FakeEnvConfig()),
+        ("local", LocalEnvConfig()),
+        (_SCRIPT_LABEL, LocalEnvConfig()),
+    ]
     if shutil.which("bwrap"):
         backends.append(("local + bwrap", LocalEnvConfig(bwrap=True)))
     if docker_problem is None:
@@ -104,7 +111,12 @@ def run(ctx: Context) -> list[Row]:
     rows: list[Row] = []
     figures: dict[str, dict[str, float]] = {}
     for label, config in backends:
-        cycles = asyncio.run(_latencies(config, repeats))
+        # The per-command subreaper script: what local did before the spawner, and its fallback now.
+        local.USE_SPAWNER = label != _SCRIPT_LABEL
+        try:
+            cycles = asyncio.run(_latencies(config, repeats))
+        finally:
+            local.USE_SPAWNER = True
         start, exec_, stop = (list(x) for x in zip(*cycles, strict=True))
         figures[label] = {"start_ms": _ms(start), "exec_ms": _ms(exec_), "stop_ms": _ms(stop)}
         rows.append(

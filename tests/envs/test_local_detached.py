@@ -25,9 +25,14 @@ from raygen.envs.local import LocalEnvironment
 from tests.envs.conformance import alive_host_pids
 
 
-@pytest.fixture(autouse=True, params=["perl", "python"])
+@pytest.fixture(autouse=True, params=["spawner", "perl", "python"])
 def implementation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test with each twin of the subreaper (subreaper.pl where perl exists, else subreaper.py)."""
+    """Every test with each way of keeping a command's descendants: the actor's spawner (spawner.py, the
+    default) and, where it cannot take a command, each twin of the subreaper script (subreaper.pl where
+    perl exists, else subreaper.py)."""
+    if request.param == "spawner":
+        return request.param
+    monkeypatch.setattr(local, "USE_SPAWNER", False)
     if request.param == "perl":
         prefix = local.subreaper_prefix()
         if "perl" not in prefix[0]:

@@ -1,0 +1,225 @@
+"""The session actor's side of the command spawner (``spawner.py``): one spawner process per actor
+process, started on first use, and ``run_spawned``, which runs one command through it with the
+semantics of ``processes.run_captured`` (same ``Captured`` result, same timeout and cancellation).
+
+Why: under the per-command subreaper script every command started an interpreter (perl) and a front
+process besides its keeper: ~3.8 ms more CPU than a bare ``bash -c`` and, on a loaded machine, about
+twice its wall time (bench/README.md, "Issue 11"). The spawner is already running and small, so a
+command costs one fork of it (the keeper) and the command's own fork and exec.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
+
+from raygen.envs.capture import OutputCapture
+from raygen.envs.processes import (
+    DRAIN_GRACE_S,
+    READ_CHUNK,
+    Captured,
+    kill_group,
+    kill_process_trees,
+)
+from raygen.errors import SessionFailure
+
+SPAWNER = str(Path(__file__).with_name("spawner.py"))
+MAX_REQUEST_BYTES = 150_000
+"""Larger requests (a command near the kernel's 128 KiB argument limit) take the subreaper script's path:
+a SOCK_SEQPACKET message must fit the socket's send buffer (about 200 kB by default)."""
+
+
+class SpawnerUnavailable(Exception):
+    """The spawner could not take the request; the caller runs the command another way."""
+
+
+class RequestTooLarge(SpawnerUnavailable):
+    """Not the spawner's fault: this one request does not fit its socket."""
+
+
+class _Spawner:
+    """The spawner process of this actor process and the socket to it."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-I", "-S", SPAWNER, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,  # no signal meant for the actor's process group reaches it
+            )
+        finally:
+            theirs.close()
+        self.socket = ours
+
+    def send(self, message: bytes, fds: list[int]) -> None:
+        socket.send_fds(self.socket, [message], fds)
+
+    def close(self) -> None:
+        self.socket.close()  # the spawner ends when it reads end of file
+        with suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+
+
+_spawner: _Spawner | None = None
+_lock = threading.Lock()
+_devnull: int | None = None
+
+
+def _send(message: bytes, out_w: int, err_w: int, status_w: int) -> None:
+    """Send one request, starting the spawner first if there is none (or it died: started again once)."""
+    global _spawner, _devnull
+    with _lock:
+        if _devnull is None:
+            _devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # every command's stdin
+        fds = [_devnull, out_w, err_w, status_w]
+        for attempt in range(2):
+            if _spawner is None:
+                try:
+                    _spawner = _Spawner()
+                    atexit.register(stop_spawner)  # once per start: a stopped spawner makes it a no-op
+                except OSError as exc:
+                    raise SpawnerUnavailable(f"cannot start the command spawner: {exc}") from exc
+            try:
+                _spawner.send(message, fds)
+                return
+            except OSError as exc:
+                dead, _spawner = _spawner, None
+                with suppress(OSError):
+                    dead.close()
+                if attempt:
+                    raise SpawnerUnavailable(f"the command spawner is gone: {exc}") from exc
+    raise AssertionError("unreachable")
+
+
+def stop_spawner() -> None:
+    """End this process's spawner (tests; an actor's ends with the actor)."""
+    global _spawner
+    with _lock:
+        if _spawner is not None:
+            _spawner.close()
+            _spawner = None
+
+
+class _PipeReader:
+    """Reads one non-blocking pipe on the event loop, handing each chunk to ``on_data``, until EOF."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, on_data: Callable[[bytes], None]):
+        self._loop, self._fd, self._on_data = loop, fd, on_data
+        self.ended: asyncio.Future[None] = loop.create_future()
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            chunk = os.read(self._fd, READ_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            self._on_data(chunk)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+
+class _Status:
+    """The status pipe's two lines: the keeper's pid (its process group), then the command's wait status."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._buffer = b""
+        self.nothing_left = False
+        """The keeper reported that nothing of the command is left: its group ends with it."""
+        self.pgid: asyncio.Future[int] = loop.create_future()
+        self.exit: asyncio.Future[int] = loop.create_future()
+
+    def feed(self, chunk: bytes) -> None:
+        self._buffer += chunk
+        lines = self._buffer.split(b"\n")
+        if len(lines) > 1 and not self.pgid.done():
+            self.pgid.set_result(int(lines[0]))
+        if len(lines) > 2 and not self.exit.done():
+            self.nothing_left = lines[1].startswith(b"d")
+            self.exit.set_result(os.waitstatus_to_exitcode(int(lines[1][1:])))
+
+
+async def run_spawned(
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    cwd: str | Path,
+    timeout_s: float,
+    max_output_chars: int,
+    groups: set[int],
+) -> Captured:
+    """Run ``argv`` through the spawner: what ``run_captured(..., whole_tree=True)`` does with the
+    subreaper script in front. Raises ``SpawnerUnavailable`` (nothing started) if the spawner cannot
+    take it."""
+    message = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
+    if len(message) > MAX_REQUEST_BYTES:
+        raise RequestTooLarge("request too large for the spawner's socket")
+    loop = asyncio.get_running_loop()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    status_r, status_w = os.pipe()
+    try:
+        _send(message, out_w, err_w, status_w)
+    except BaseException:
+        for fd in (out_r, err_r, status_r):
+            os.close(fd)
+        raise
+    finally:
+        for fd in (out_w, err_w, status_w):
+            os.close(fd)
+    out, err = OutputCapture(max_output_chars), OutputCapture(max_output_chars)
+    status = _Status(loop)
+    readers = [_PipeReader(loop, out_r, out.feed), _PipeReader(loop, err_r, err.feed)]
+    status_reader = _PipeReader(loop, status_r, status.feed)
+    readers.append(status_reader)
+    pgid = 0
+    timed_out = False
+    try:
+        await asyncio.wait([status.pgid, status_reader.ended], return_when=asyncio.FIRST_COMPLETED)
+        if not status.pgid.done():
+            raise SessionFailure("env_lost", f"the command spawner could not start {argv[0]}")
+        pgid = status.pgid.result()
+        groups.add(pgid)
+        ended = [status.exit, status_reader.ended]  # the status, or the keeper was killed
+        await asyncio.wait(ended, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if not (status.exit.done() or status_reader.ended.done()):
+            timed_out = True
+            await asyncio.to_thread(kill_process_trees, {pgid})
+            kill_group(pgid)
+            await asyncio.wait(ended, timeout=DRAIN_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([readers[0].ended, readers[1].ended], timeout=DRAIN_GRACE_S)
+    finally:
+        if pgid and not status.exit.done():
+            kill_process_trees({pgid})  # a /proc scan, in the loop: a cancellation cannot wait
+            kill_group(pgid)
+        for reader in readers:
+            reader.close()
+        if status.nothing_left:
+            # The keeper is ending (or ended) with nothing under it: its id must not be signalled later,
+            # when the system may have given it to another process.
+            groups.discard(pgid)
+    returncode = status.exit.result() if status.exit.done() else None
+    return Captured(returncode, out, err, timed_out, pgid)
