@@ -24,31 +24,14 @@ import signal
 import socket
 import sys
 
+# -I leaves the script's folder out of sys.path; subreaper.py (run by path too) has the keeper's watch.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import subreaper
+
 PR_SET_CHILD_SUBREAPER = 36
 MAX_REQUEST_BYTES = 1 << 20
 """The client sends at most this much (a command line is at most 128 KiB anyway)."""
 _LIBC = ctypes.CDLL(None, use_errno=True)
-
-
-def _reap_keepers(_signum=None, _frame=None) -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
-def _children_running() -> bool:
-    """Whether this process still has children (those that already ended are reaped here)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return False
-        if pid == 0:
-            return True
 
 
 def _keeper(request: dict, stdin: int, stdout: int, stderr: int, status: int) -> None:
@@ -83,25 +66,12 @@ def _keeper(request: dict, stdin: int, stdout: int, stderr: int, status: int) ->
     # Hold none of the command's pipes: the worker stops reading once only background jobs hold them.
     for fd in (stdin, stdout, stderr):
         os.close(fd)
-    while True:
-        try:
-            pid, wait_status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            break  # nothing left: every descendant has ended
-        except InterruptedError:
-            continue
-        if pid == command:
-            # "d": nothing left, this keeper ends now (the client can forget its group at once); "b":
-            # background jobs remain, and it waits for them.
-            left = "b" if _children_running() else "d"
-            os.write(status, b"%s%d\n" % (left.encode(), wait_status))
-            os.close(status)
-    os._exit(0)
+    subreaper.keep(command, status, b"\n")
 
 
 def serve(sock: socket.socket) -> None:
     gc.disable()  # nothing here makes cycles; a collection would only dirty pages that every fork copies
-    signal.signal(signal.SIGCHLD, _reap_keepers)
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: subreaper.others_running())  # reaps keepers
     while True:
         try:
             message, fds, _flags, _address = socket.recv_fds(sock, MAX_REQUEST_BYTES, 4)
@@ -127,7 +97,7 @@ def serve(sock: socket.socket) -> None:
                 os._exit(127)
         for fd in fds:
             os.close(fd)
-        _reap_keepers()
+        subreaper.others_running()  # reaps the keepers that ended
 
 
 if __name__ == "__main__":

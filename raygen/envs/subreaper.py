@@ -40,7 +40,14 @@ def _keeper(argv: list[str], status_fd: int) -> None:
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    status = None
+    keep(command, status_fd)
+
+
+def keep(command: int, status_fd: int, end: bytes = b"") -> None:
+    """The keeper's watch (``spawner.py``'s keepers share it): reap every descendant, the re-parented
+    ones too, until none is left, then exit. When ``command`` ends, write to ``status_fd`` "d" if nothing
+    else is left (this keeper ends at once: the front reaps it, the spawner's client forgets its group)
+    or "b" if background jobs remain (it waits for them), then the wait status and ``end``."""
     while True:
         try:
             pid, wait_status = os.waitpid(-1, 0)
@@ -49,15 +56,12 @@ def _keeper(argv: list[str], status_fd: int) -> None:
         except InterruptedError:
             continue
         if pid == command:
-            status = wait_status
-            # "d": nothing left, this keeper ends at once and the front reaps it; "b": background jobs
-            # remain, and it waits for them.
-            os.write(status_fd, (b"b" if _others_running() else b"d") + str(status).encode())
+            os.write(status_fd, (b"b" if others_running() else b"d") + str(wait_status).encode() + end)
             os.close(status_fd)
     os._exit(0)
 
 
-def _others_running() -> bool:
+def others_running() -> bool:
     """Whether this process still has children (those that already ended are reaped here)."""
     while True:
         try:
