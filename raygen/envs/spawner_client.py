@@ -57,6 +57,10 @@ class _Spawner:
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
+                # Nothing of the actor's environment (an API key may be in it): each keeper is a copy of
+                # this process, and a command can read its parent's /proc/PID/environ. Commands get the
+                # environment their request names.
+                env={},
                 start_new_session=True,  # no signal meant for the actor's process group reaches it
             )
         finally:

@@ -51,6 +51,16 @@ async def test_streams_status_cwd_and_environment_are_the_commands(tmp_path: Pat
     assert "ONLY" in names and "HOME" not in names and "PYTEST_CURRENT_TEST" not in names
 
 
+async def test_the_keeper_carries_none_of_the_actors_environment(tmp_path: Path, monkeypatch):
+    # A command can read its parent's environment (/proc/$PPID/environ, same user): the keeper's is the
+    # spawner's, which starts empty, so a key in the session actor's environment cannot reach a
+    # trajectory that way.
+    monkeypatch.setenv("RAYGEN_TEST_ACTOR_SECRET", "s3cret-value")
+    done = await run('tr "\\0" "\\n" < /proc/$PPID/environ; echo "parent $PPID"', tmp_path)
+    assert done.returncode == 0 and "parent " in text(done.out)
+    assert "s3cret-value" not in text(done.out)
+
+
 async def test_a_signal_death_and_a_broken_pipe_end_as_in_a_shell(tmp_path: Path):
     killed = await run("kill -TERM $$", tmp_path)
     assert killed.returncode == -signal.SIGTERM
