@@ -13,7 +13,8 @@ The status pipe carries two lines: the keeper's pid as soon as it exists, and th
 when the command ends (background jobs do not hold the call), after "d" if nothing else of it is left
 (the keeper is ending) or "b" if background jobs remain. The keeper then waits for every
 descendant and exits; this process reaps it at once (SIGCHLD), so an ended group never looks alive.
-EOF after the first line means the keeper was killed before the command ended.
+EOF after the first line means the keeper was killed before the command ended (it ignores the usual
+signals a command sends its own group; SIGKILL cannot be ignored). EOF before it: nothing started.
 """
 
 import ctypes
@@ -29,24 +30,78 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import subreaper
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NAME = 15
 MAX_REQUEST_BYTES = 1 << 20
 """The client sends at most this much (a command line is at most 128 KiB anyway)."""
 _LIBC = ctypes.CDLL(None, use_errno=True)
+KEEPER_IGNORES = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+"""Signals the keepers ignore (set once here, inherited by every fork), so that a command signalling its
+own group (``trap 'kill 0' EXIT``) ends itself, not the keeper that reports its status; the command
+starts with their defaults. The session's own kills are SIGSTOP and SIGKILL."""
+_NULL = -1
+"""/dev/null, opened once: each keeper's stderr (not the session actor's log, which this process keeps)."""
+_found: dict[tuple[str, str], str] = {}
 
 
-def _keeper(request: dict, stdin: int, stdout: int, stderr: int, status: int) -> None:
+def _set_name(name: bytes) -> None:
+    # Not "python": a model's `pkill python` must not take the keepers of every session of the actor.
+    _LIBC.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+
+
+def _search(program: str, path: str) -> str | None:
+    """``program`` looked up in the command's PATH, as ``execvp`` does in the command's environment
+    (``posix_spawnp`` would search this process's PATH, and this process has no environment)."""
+    if "/" in program:
+        return program
+    for folder in path.split(":"):
+        candidate = os.path.join(folder or ".", program)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    return None
+
+
+def _search_remembered(program: str, path: str) -> str | None:
+    """``_search`` before the fork, remembered and checked again each time (one ``access`` call instead
+    of one per PATH entry); None when PATH has a relative entry, which depends on the command's cwd (the
+    keeper searches then, after its chdir)."""
+    key = (program, path)
+    known = _found.get(key)
+    if known is not None and os.access(known, os.X_OK):
+        return known
+    if not all(folder.startswith("/") for folder in path.split(":")):
+        return None
+    found = _search(program, path)
+    if found is not None:
+        _found[key] = found
+    return found
+
+
+def _keeper(request: dict, program: str | None, stdin: int, stdout: int, stderr: int, status: int) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # this process waits for its children itself
+    _set_name(b"raygen-keeper")
     os.setsid()
     if _LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         os.write(stderr, b"raygen spawner: prctl(PR_SET_CHILD_SUBREAPER) failed\n")
     os.write(status, b"%d\n" % os.getpid())
+    os.dup2(_NULL, 2)  # hold none of the session actor's descriptors either (its log)
+    argv, env = request["argv"], request["env"]
     try:
         os.chdir(request["cwd"])
+        program = program or _search(argv[0], env.get("PATH", os.defpath))
+        if program is None:
+            raise FileNotFoundError(2, "command not found", argv[0])
         # posix_spawn (vfork in glibc): no copy of this process's pages for a child that only execs.
-        command = os.posix_spawnp(
-            request["argv"][0],
-            request["argv"],
-            request["env"],
+        command = os.posix_spawn(
+            program,
+            argv,
+            env,
             # Descriptors received over the socket are inheritable: the command gets them as 0-2 only
             # (a background job holding the status pipe would hold the client's call).
             file_actions=[
@@ -55,12 +110,12 @@ def _keeper(request: dict, stdin: int, stdout: int, stderr: int, status: int) ->
                 (os.POSIX_SPAWN_DUP2, stderr, 2),
                 *((os.POSIX_SPAWN_CLOSE, fd) for fd in (stdin, stdout, stderr, status) if fd > 2),
             ],
-            # Python ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored across exec, and
-            # `yes | head` must end as it does in a shell.
-            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            # Python ignores SIGPIPE and SIGXFSZ, this keeper KEEPER_IGNORES; an ignored signal stays
+            # ignored across exec, and `yes | head` must end as it does in a shell.
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, *KEEPER_IGNORES),
         )
-    except OSError as exc:
-        os.write(stderr, f"raygen spawner: cannot run {request['argv'][0]}: {exc}\n".encode())
+    except (OSError, ValueError) as exc:
+        os.write(stderr, f"raygen spawner: cannot run {argv[0]}: {exc}\n".encode())
         os.write(status, b"d%d\n" % (127 << 8))
         os._exit(0)
     # Hold none of the command's pipes: the worker stops reading once only background jobs hold them.
@@ -70,6 +125,11 @@ def _keeper(request: dict, stdin: int, stdout: int, stderr: int, status: int) ->
 
 
 def serve(sock: socket.socket) -> None:
+    global _NULL
+    _set_name(b"raygen-spawner")
+    _NULL = os.open(os.devnull, os.O_RDWR)
+    for sig in KEEPER_IGNORES:
+        signal.signal(sig, signal.SIG_IGN)
     gc.disable()  # nothing here makes cycles; a collection would only dirty pages that every fork copies
     signal.signal(signal.SIGCHLD, lambda _signum, _frame: subreaper.others_running())  # reaps keepers
     while True:
@@ -84,6 +144,7 @@ def serve(sock: socket.socket) -> None:
                 os.close(fd)
             continue
         request = json.loads(message)
+        program = _search_remembered(request["argv"][0], request["env"].get("PATH", os.defpath))
         try:
             keeper = os.fork()
         except OSError as exc:  # no process left for this user: the status pipe closes with nothing
@@ -92,7 +153,7 @@ def serve(sock: socket.socket) -> None:
         if keeper == 0:
             try:
                 sock.close()
-                _keeper(request, *fds)
+                _keeper(request, program, *fds)
             finally:
                 os._exit(127)
         for fd in fds:

@@ -14,10 +14,13 @@ import asyncio
 import atexit
 import json
 import os
+import select
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
@@ -30,12 +33,20 @@ from raygen.envs.processes import (
     kill_group,
     kill_process_trees,
 )
-from raygen.errors import SessionFailure
 
 SPAWNER = str(Path(__file__).with_name("spawner.py"))
 MAX_REQUEST_BYTES = 150_000
-"""Larger requests (a command near the kernel's 128 KiB argument limit) take the subreaper script's path:
-a SOCK_SEQPACKET message must fit the socket's send buffer (about 200 kB by default)."""
+"""Larger requests take the subreaper script's path: a SOCK_SEQPACKET message must fit the socket's send
+buffer (about 200 kB by default)."""
+MAX_ARG_BYTES = 128 * 1024 - 1
+"""Linux refuses a longer single argument (MAX_ARG_STRLEN); such a command takes the script's path, which
+reports it as the caller's error (``ValueError``), not as a failed command."""
+START_TIMEOUT_S = 10.0
+"""Longest wait for a keeper to report its pid; a spawner that takes longer is taken for wedged and not
+used again in this process."""
+MAX_START_FAILURES = 3
+"""Requests that started nothing (the spawner died before or with them) before this process stops using
+the spawner."""
 
 
 class SpawnerUnavailable(Exception):
@@ -51,6 +62,7 @@ class _Spawner:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)  # a full queue (a stopped spawner) must not block the event loop
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-I", "-S", SPAWNER, str(theirs.fileno())],
@@ -59,8 +71,9 @@ class _Spawner:
                 stdout=subprocess.DEVNULL,
                 # Nothing of the actor's environment (an API key may be in it): each keeper is a copy of
                 # this process, and a command can read its parent's /proc/PID/environ. Commands get the
-                # environment their request names.
-                env={},
+                # environment their request names. The loader's path stays: an interpreter built with a
+                # shared libpython may need it to start at all.
+                env={k: os.environ[k] for k in ("LD_LIBRARY_PATH",) if k in os.environ},
                 start_new_session=True,  # no signal meant for the actor's process group reaches it
             )
         finally:
@@ -79,14 +92,19 @@ class _Spawner:
 _spawner: _Spawner | None = None
 _lock = threading.Lock()
 _devnull: int | None = None
+_start_failures = 0
+_disabled: str | None = None
+"""Why this process no longer uses the spawner (it was wedged, or kept dying)."""
 
 
 def _send(message: bytes, out_w: int, err_w: int, status_w: int) -> None:
     """Send one request, starting the spawner first if there is none (or it died: started again once)."""
-    global _spawner, _devnull
+    global _spawner, _devnull, _start_failures, _disabled
     with _lock:
+        if _disabled is not None:
+            raise SpawnerUnavailable(_disabled)
         if _devnull is None:
-            _devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # every command's stdin
+            _devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)  # every command's stdin
         fds = [_devnull, out_w, err_w, status_w]
         for attempt in range(2):
             if _spawner is None:
@@ -98,22 +116,45 @@ def _send(message: bytes, out_w: int, err_w: int, status_w: int) -> None:
             try:
                 _spawner.send(message, fds)
                 return
+            except BlockingIOError as exc:  # requests queued up: it is alive but behind
+                raise SpawnerUnavailable("the command spawner is busy") from exc
             except OSError as exc:
                 dead, _spawner = _spawner, None
                 with suppress(OSError):
                     dead.close()
                 if attempt:
+                    _start_failures += 1
+                    if _start_failures >= MAX_START_FAILURES:
+                        _disabled = "the command spawner keeps dying"
                     raise SpawnerUnavailable(f"the command spawner is gone: {exc}") from exc
     raise AssertionError("unreachable")
 
 
 def stop_spawner() -> None:
-    """End this process's spawner (tests; an actor's ends with the actor)."""
-    global _spawner
+    """End this process's spawner and forget its failures (tests; an actor's ends with the actor)."""
+    global _spawner, _start_failures, _disabled
     with _lock:
         if _spawner is not None:
             _spawner.close()
             _spawner = None
+        _start_failures, _disabled = 0, None
+
+
+def _not_started(wedged: bool) -> SpawnerUnavailable:
+    """A keeper never reported its pid: drop this spawner (a new one starts next time) or, if it is
+    wedged or keeps failing, stop using the spawner in this process."""
+    global _spawner, _start_failures, _disabled
+    with _lock:
+        _start_failures += 1
+        dead, _spawner = _spawner, None
+        if wedged or _start_failures >= MAX_START_FAILURES:
+            _disabled = "the command spawner did not answer" if wedged else "the command spawner keeps dying"
+    if dead is not None:
+        with suppress(OSError):
+            dead.socket.close()
+        with suppress(OSError):
+            dead.process.kill()
+    return SpawnerUnavailable("the command spawner started nothing")
 
 
 class _PipeReader:
@@ -136,6 +177,16 @@ class _PipeReader:
             self._on_data(chunk)
         else:
             self.close()
+
+    def read_now(self, wait_s: float, enough: Callable[[], bool]) -> None:
+        """Read synchronously (for a cancellation, which cannot await) until ``enough()``, EOF or
+        ``wait_s`` seconds."""
+        deadline = time.monotonic() + wait_s
+        while self._fd >= 0 and not enough():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self._fd], [], [], remaining)[0]:
+                return
+            self._readable()
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -178,6 +229,10 @@ async def run_spawned(
     """Run ``argv`` through the spawner: what ``run_captured(..., whole_tree=True)`` does with the
     subreaper script in front. Raises ``SpawnerUnavailable`` (nothing started) if the spawner cannot
     take it."""
+    if any("\0" in a for a in argv) or any("\0" in k or "\0" in v for k, v in env.items()):
+        raise ValueError("embedded null byte")  # what starting it directly raises
+    if any(len(a) > MAX_ARG_BYTES // 4 and len(a.encode()) > MAX_ARG_BYTES for a in argv):
+        raise RequestTooLarge("an argument is longer than the kernel allows")
     message = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
     if len(message) > MAX_REQUEST_BYTES:
         raise RequestTooLarge("request too large for the spawner's socket")
@@ -199,31 +254,49 @@ async def run_spawned(
     readers = [_PipeReader(loop, out_r, out.feed), _PipeReader(loop, err_r, err.feed)]
     status_reader = _PipeReader(loop, status_r, status.feed)
     readers.append(status_reader)
-    pgid = 0
+    # The keeper lives while its status pipe is open (nobody else holds the write end); once it hit EOF
+    # the keeper may be reaped and its id given to another process: never signalled after that.
+    keeper_alive = lambda: not status_reader.ended.done()  # noqa: E731
     timed_out = False
     try:
-        await asyncio.wait([status.pgid, status_reader.ended], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            [status.pgid, status_reader.ended], timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+        )
         if not status.pgid.done():
-            raise SessionFailure("env_lost", f"the command spawner could not start {argv[0]}")
-        pgid = status.pgid.result()
-        groups.add(pgid)
+            # Nothing started: closing the status pipe makes a late keeper fail on its first write,
+            # before it starts the command.
+            wedged = keeper_alive()
+            status_reader.close()
+            raise _not_started(wedged)
+        groups.add(status.pgid.result())
         ended = [status.exit, status_reader.ended]  # the status, or the keeper was killed
         await asyncio.wait(ended, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         if not (status.exit.done() or status_reader.ended.done()):
             timed_out = True
-            await asyncio.to_thread(kill_process_trees, {pgid})
-            kill_group(pgid)
+            await asyncio.to_thread(kill_process_trees, {status.pgid.result()})
+            if keeper_alive():
+                kill_group(status.pgid.result())
             await asyncio.wait(ended, timeout=DRAIN_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
         await asyncio.wait([readers[0].ended, readers[1].ended], timeout=DRAIN_GRACE_S)
     finally:
-        if pgid and not status.exit.done():
-            kill_process_trees({pgid})  # a /proc scan, in the loop: a cancellation cannot wait
-            kill_group(pgid)
+        if not status.pgid.done():
+            # Cancelled before the pid was read: it may be on its way (then the command starts).
+            status_reader.read_now(2.0, status.pgid.done)
+        if status.pgid.done() and not status.exit.done() and keeper_alive():
+            kill_process_trees(
+                {status.pgid.result()}
+            )  # a /proc scan, in the loop: a cancellation cannot wait
+            kill_group(status.pgid.result())
         for reader in readers:
             reader.close()
         if status.nothing_left:
             # The keeper is ending (or ended) with nothing under it: its id must not be signalled later,
             # when the system may have given it to another process.
-            groups.discard(pgid)
-    returncode = status.exit.result() if status.exit.done() else None
-    return Captured(returncode, out, err, timed_out, pgid)
+            groups.discard(status.pgid.result())
+    if status.exit.done():
+        returncode: int | None = status.exit.result()
+    elif timed_out:
+        returncode = None
+    else:  # the keeper was killed before the command ended (``kill -9 0``): as the scripts report it
+        returncode = -signal.SIGKILL
+    return Captured(returncode, out, err, timed_out, status.pgid.result())

@@ -7,6 +7,7 @@ spawner died, and the spawner ending with its actor (here: the socket's owner)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -16,7 +17,7 @@ import pytest
 
 from raygen.envs import spawner_client
 from raygen.envs.processes import kill_process_trees
-from raygen.envs.spawner_client import RequestTooLarge, run_spawned, stop_spawner
+from raygen.envs.spawner_client import RequestTooLarge, SpawnerUnavailable, run_spawned, stop_spawner
 
 
 @pytest.fixture(autouse=True)
@@ -139,3 +140,103 @@ def _running(argument: str) -> bool:
         if argument.encode() in words and state not in (b"Z", b"X"):
             return True
     return False
+
+
+async def test_the_program_is_looked_up_in_the_commands_path(tmp_path: Path):
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "raygen-tool").write_text("#!/bin/sh\necho from-the-session-path\n")
+    (tools / "raygen-tool").chmod(0o755)
+    done = await run_spawned(
+        ["raygen-tool"],
+        env={"PATH": f"{tools}:/usr/bin:/bin"},
+        cwd=tmp_path,
+        timeout_s=10,
+        max_output_chars=1000,
+        groups=set(),
+    )
+    assert done.returncode == 0 and text(done.out) == "from-the-session-path\n"
+
+
+async def test_the_keeper_is_no_python_and_holds_nothing_of_the_actor(tmp_path: Path):
+    # `pkill python` in one session must not take every session's keeper; its stderr is not the actor's log.
+    done = await run("cat /proc/$PPID/comm; readlink /proc/$PPID/fd/2", tmp_path)
+    assert text(done.out) == "raygen-keeper\n/dev/null\n"
+
+
+async def test_a_command_that_kills_its_own_group_ends_as_it_did_under_the_script(tmp_path: Path):
+    # The keeper shares the command's group: SIGTERM to the group ends the command alone (the keeper
+    # ignores it) and SIGKILL ends both, reported as the scripts did (killed, 137), not as a timeout.
+    trapped = await run("trap 'kill 0' EXIT; echo bye", tmp_path)
+    assert trapped.returncode == -signal.SIGTERM and text(trapped.out) == "bye\n" and not trapped.timed_out
+    killed = await run("kill -9 0", tmp_path)
+    assert killed.returncode == -signal.SIGKILL and not killed.timed_out
+
+
+async def test_a_nul_byte_is_the_callers_error_as_when_starting_the_program_directly(tmp_path: Path):
+    with pytest.raises(ValueError, match="null byte"):
+        await run("echo a\0b", tmp_path)
+
+
+async def test_a_cancellation_before_the_keeper_was_heard_from_still_kills_the_command(tmp_path: Path):
+    marker = tmp_path / "survived"
+    task = asyncio.create_task(run(f"sleep 1; echo survived > {marker}", tmp_path))
+    await asyncio.sleep(0)  # the request is sent
+    time.sleep(0.3)  # the loop is busy: the keeper's pid waits unread in the pipe, the command runs
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(1.5)
+    assert not marker.exists()
+
+
+async def test_a_wedged_spawner_is_given_up_and_nothing_it_was_sent_runs_later(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(spawner_client, "START_TIMEOUT_S", 0.5)
+    assert (await run("true", tmp_path)).returncode == 0
+    wedged = spawner_client._spawner.process
+    os.kill(wedged.pid, signal.SIGSTOP)
+    marker = tmp_path / "ran"
+    try:
+        with pytest.raises(SpawnerUnavailable):
+            await run(f"echo ran > {marker}", tmp_path)
+        with pytest.raises(SpawnerUnavailable, match="did not answer"):  # not used again in this process
+            await run("true", tmp_path)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(wedged.pid, signal.SIGCONT)
+    await asyncio.sleep(0.5)
+    assert not marker.exists()
+
+
+async def test_a_spawner_that_cannot_start_leaves_the_command_to_the_script(tmp_path: Path, monkeypatch):
+    broken = tmp_path / "broken_spawner.py"
+    broken.write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.setattr(spawner_client, "SPAWNER", str(broken))
+    for _ in range(spawner_client.MAX_START_FAILURES):
+        with pytest.raises(SpawnerUnavailable):
+            await run("true", tmp_path)
+    with pytest.raises(SpawnerUnavailable, match="keeps dying"):
+        await run("true", tmp_path)
+    # The local backend runs it anyway, through the script.
+    from raygen.config import LocalEnvConfig
+    from raygen.envs.base import EnvSpec
+    from raygen.envs.local import LocalEnvironment
+
+    async with LocalEnvironment(LocalEnvConfig(root=tmp_path / "wd"), EnvSpec(session_key="s")) as env:
+        result = await env.exec("echo still-runs", 10, 1000)
+    assert result.exit_code == 0 and result.stdout == "still-runs\n"
+
+
+async def test_a_relative_path_entry_is_searched_from_the_commands_cwd(tmp_path: Path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "raygen-local-tool").write_text("#!/bin/sh\necho relative\n")
+    (tmp_path / "bin" / "raygen-local-tool").chmod(0o755)
+    done = await run_spawned(
+        ["raygen-local-tool"],
+        env={"PATH": "bin:/usr/bin:/bin"},
+        cwd=tmp_path,
+        timeout_s=10,
+        max_output_chars=1000,
+        groups=set(),
+    )
+    assert done.returncode == 0 and text(done.out) == "relative\n"
