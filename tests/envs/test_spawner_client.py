@@ -38,6 +38,13 @@ async def run(command: str, cwd: Path, groups: set[int] | None = None, timeout_s
     )
 
 
+async def run_program(program: str, path: str, cwd: Path):
+    """``program`` with no arguments, with only ``PATH`` in its environment."""
+    return await run_spawned(
+        [program], env={"PATH": path}, cwd=cwd, timeout_s=10, max_output_chars=1000, groups=set()
+    )
+
+
 def text(capture) -> str:
     return capture.render()[0]
 
@@ -71,14 +78,7 @@ async def test_a_signal_death_and_a_broken_pipe_end_as_in_a_shell(tmp_path: Path
 
 
 async def test_a_missing_program_is_exit_127_with_a_message(tmp_path: Path):
-    done = await run_spawned(
-        ["no-such-program-raygen"],
-        env={"PATH": "/usr/bin"},
-        cwd=tmp_path,
-        timeout_s=10,
-        max_output_chars=1000,
-        groups=set(),
-    )
+    done = await run_program("no-such-program-raygen", "/usr/bin", tmp_path)
     assert done.returncode == 127
     assert "no-such-program-raygen" in text(done.err)
 
@@ -147,14 +147,7 @@ async def test_the_program_is_looked_up_in_the_commands_path(tmp_path: Path):
     tools.mkdir()
     (tools / "raygen-tool").write_text("#!/bin/sh\necho from-the-session-path\n")
     (tools / "raygen-tool").chmod(0o755)
-    done = await run_spawned(
-        ["raygen-tool"],
-        env={"PATH": f"{tools}:/usr/bin:/bin"},
-        cwd=tmp_path,
-        timeout_s=10,
-        max_output_chars=1000,
-        groups=set(),
-    )
+    done = await run_program("raygen-tool", f"{tools}:/usr/bin:/bin", tmp_path)
     assert done.returncode == 0 and text(done.out) == "from-the-session-path\n"
 
 
@@ -231,12 +224,5 @@ async def test_a_relative_path_entry_is_searched_from_the_commands_cwd(tmp_path:
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "raygen-local-tool").write_text("#!/bin/sh\necho relative\n")
     (tmp_path / "bin" / "raygen-local-tool").chmod(0o755)
-    done = await run_spawned(
-        ["raygen-local-tool"],
-        env={"PATH": "bin:/usr/bin:/bin"},
-        cwd=tmp_path,
-        timeout_s=10,
-        max_output_chars=1000,
-        groups=set(),
-    )
+    done = await run_program("raygen-local-tool", "bin:/usr/bin:/bin", tmp_path)
     assert done.returncode == 0 and text(done.out) == "relative\n"
