@@ -283,9 +283,8 @@ async def run_spawned(
             # Cancelled before the pid was read: it may be on its way (then the command starts).
             status_reader.read_now(2.0, status.pgid.done)
         if status.pgid.done() and not status.exit.done() and keeper_alive():
-            kill_process_trees(
-                {status.pgid.result()}
-            )  # a /proc scan, in the loop: a cancellation cannot wait
+            # Cancelled mid-command: a /proc scan, in the loop (a cancellation cannot wait).
+            kill_process_trees({status.pgid.result()})
             kill_group(status.pgid.result())
         for reader in readers:
             reader.close()
