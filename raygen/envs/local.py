@@ -57,7 +57,7 @@ SUBREAPER = str(Path(__file__).with_name("subreaper.py"))
 _PRCTL_SYSCALL = {"x86_64": 157, "aarch64": 167}
 """prctl's syscall number, for the Perl twin of the script (``subreaper.pl``)."""
 USE_SPAWNER = True
-"""Start subreaped commands through the actor's long-lived spawner (``spawner.py``, about 1.3 ms of CPU
+"""Start subreaped commands through the actor's long-lived spawner (``spawner.py``, about 1.4 ms of CPU
 a command more than bare ``bash -c``); the script in front of each command (``subreaper_prefix``) is the
 fallback when the spawner cannot take a request. The tests switch it off to run the scripts."""
 
@@ -73,8 +73,8 @@ def subreaper_prefix() -> tuple[str, ...]:
     return (sys.executable, "-I", "-S", SUBREAPER)
 
 
-_warned_not_sandbox = False
-_warned_spawner = False
+_warned: set[str] = set()
+"""Which of this module's once-per-process warnings were given."""
 
 
 def command_environment(
@@ -129,21 +129,10 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:40] or "x"
 
 
-def _warn_not_sandbox_once() -> None:
-    global _warned_not_sandbox
-    if not _warned_not_sandbox:
-        _warned_not_sandbox = True
-        log.warning(
-            "env.type=local is not a sandbox: commands run with this user's full access to the host; "
-            "set env.bwrap: true (bubblewrap) or use a container backend to confine them"
-        )
-
-
-def _warn_spawner_once(exc: SpawnerUnavailable) -> None:
-    global _warned_spawner
-    if not _warned_spawner:
-        _warned_spawner = True
-        log.warning("%s; commands start through the subreaper script instead (slower)", exc)
+def _warn_once(kind: str, message: str, *args: object) -> None:
+    if kind not in _warned:
+        _warned.add(kind)
+        log.warning(message, *args)
 
 
 class LocalEnvironment(Environment):
@@ -178,7 +167,11 @@ class LocalEnvironment(Environment):
                 raise SessionFailure("env_start", f"env.bwrap is on but unusable: {problem}")
             self._bwrap = bwrap
         else:
-            _warn_not_sandbox_once()
+            _warn_once(
+                "not a sandbox",
+                "env.type=local is not a sandbox: commands run with this user's full access to the host; "
+                "set env.bwrap: true (bubblewrap) or use a container backend to confine them",
+            )
         parent = self.config.root or tempfile.gettempdir()
         prefix = f"raygen-{_slug(self.spec.run_name)}-{_slug(self.spec.session_key)}-"
         try:
@@ -250,7 +243,7 @@ class LocalEnvironment(Environment):
             except RequestTooLarge:
                 pass
             except SpawnerUnavailable as exc:
-                _warn_spawner_once(exc)
+                _warn_once("spawner", "%s; commands start through the subreaper script instead (slower)", exc)
         return await run_captured(
             self._argv(command, cwd),
             env=self._env,

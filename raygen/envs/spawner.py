@@ -5,7 +5,8 @@ raygen (``raygen.envs.spawner_client`` starts it and talks to it).
 Same guarantee as ``subreaper.py``, without starting an interpreter for every command: per request
 (one SOCK_SEQPACKET message: JSON ``{"argv", "env", "cwd"}`` with four descriptors: stdin, stdout,
 stderr and a status pipe) it forks a *keeper*, which starts a new session (its pid is the process group
-of the command), makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``) and forks the command. A
+of the command), makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``) and starts the command
+with ``posix_spawn``. A
 process that detaches in any way (``setsid``, ``nohup``, a double fork) is re-parented to the keeper, so
 it stays findable as a descendant of the command's group until the session kills it.
 

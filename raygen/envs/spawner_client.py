@@ -99,7 +99,7 @@ _disabled: str | None = None
 
 def _send(message: bytes, out_w: int, err_w: int, status_w: int) -> None:
     """Send one request, starting the spawner first if there is none (or it died: started again once)."""
-    global _spawner, _devnull, _start_failures, _disabled
+    global _spawner, _devnull
     with _lock:
         if _disabled is not None:
             raise SpawnerUnavailable(_disabled)
@@ -123,9 +123,7 @@ def _send(message: bytes, out_w: int, err_w: int, status_w: int) -> None:
                 with suppress(OSError):
                     dead.close()
                 if attempt:
-                    _start_failures += 1
-                    if _start_failures >= MAX_START_FAILURES:
-                        _disabled = "the command spawner keeps dying"
+                    _count_failure(wedged=False)
                     raise SpawnerUnavailable(f"the command spawner is gone: {exc}") from exc
     raise AssertionError("unreachable")
 
@@ -140,15 +138,22 @@ def stop_spawner() -> None:
         _start_failures, _disabled = 0, None
 
 
+def _count_failure(wedged: bool) -> None:
+    """One more request that started nothing (call with ``_lock`` held): a wedged spawner, or one that
+    failed ``MAX_START_FAILURES`` times, is not used again in this process."""
+    global _start_failures, _disabled
+    _start_failures += 1
+    if wedged or _start_failures >= MAX_START_FAILURES:
+        _disabled = "the command spawner did not answer" if wedged else "the command spawner keeps dying"
+
+
 def _not_started(wedged: bool) -> SpawnerUnavailable:
     """A keeper never reported its pid: drop this spawner (a new one starts next time) or, if it is
     wedged or keeps failing, stop using the spawner in this process."""
-    global _spawner, _start_failures, _disabled
+    global _spawner
     with _lock:
-        _start_failures += 1
+        _count_failure(wedged)
         dead, _spawner = _spawner, None
-        if wedged or _start_failures >= MAX_START_FAILURES:
-            _disabled = "the command spawner did not answer" if wedged else "the command spawner keeps dying"
     if dead is not None:
         with suppress(OSError):
             dead.socket.close()
