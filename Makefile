@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 WORK ?= /tmp/raygen-ci
 PYTEST_ARGS ?=
 
-.PHONY: demo test setup system-deps engines lint bench
+.PHONY: demo test test-fast setup system-deps engines lint bench
 
 $(BIN)/raygen: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -41,9 +41,19 @@ lint: setup
 	$(BIN)/ruff format --check raygen tests bench
 
 # Tests that start Ray run in a loopback-only network namespace (Ray probes the network at start-up).
+# The suite mostly waits (Ray start-up, containers, subprocess runs), so it runs in TEST_WORKERS processes;
+# a test file stays on one worker (--dist loadfile), which keeps each file's shared fixtures (a Slurm
+# controller, an S3 server) to itself.
+TEST_WORKERS ?= 4
 test: setup engines lint
 	eval "$$(.ci/docker-setup.sh $(WORK)/docker)" && \
-	unshare -n bash -c 'ip link set lo up && $(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)'
+	unshare -n bash -c 'ip link set lo up && $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)'
+
+# The inner loop: every test that starts no Ray cluster, container, Slurm or Apptainer and is not marked
+# slow (about 4 minutes on this machine). No root, no engines needed.
+FAST_MARKERS := not ray and not docker and not singularity and not slurm and not multinode and not slow
+test-fast: setup
+	$(BIN)/python -m pytest -q -ra -n 2 -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 bench: setup
 	unshare -n bash -c 'ip link set lo up && $(BIN)/python -m bench $(BENCH_ARGS)'

@@ -69,6 +69,7 @@ def test_documents_and_shards_round_trip(s3):
     assert not run.is_empty() and not run.exists("statistics.json")
 
 
+@pytest.mark.slow
 def test_merge_writes_outputs_that_datasets_loads_over_s3(s3, tmp_path):
     run = RunDir("s3://bkt/runs/merged")
     writer = ShardWriter(run, "w", max_records=4, flush_s=3600)

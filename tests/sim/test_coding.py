@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from raygen.config import LocalEnvConfig, ScriptedModelConfig, SimConfig
 from raygen.input.rows import PromptRow, Sample
 from raygen.model.scripted import ScriptedModel
@@ -37,6 +39,7 @@ def test_only_coding_prompts_get_the_coding_script():
     assert coding_task("List the files here.") is None
 
 
+@pytest.mark.slow
 async def test_reference_earns_1_and_stub_0_on_every_vendored_task():
     rows = task_rows()
     assert await rewards(SimConfig(solutions_file=SOLUTIONS, solve_rate=1.0), rows) == [[1.0]] * len(rows)
@@ -44,6 +47,7 @@ async def test_reference_earns_1_and_stub_0_on_every_vendored_task():
     assert await rewards(SimConfig(solve_rate=1.0), rows[:2]) == [[0.0]] * 2  # no solutions file: stubs
 
 
+@pytest.mark.slow
 async def test_samples_of_a_group_differ_and_repeat_exactly():
     cfg = SimConfig(solutions_file=SOLUTIONS, solve_rate=0.5)
     rows = task_rows()[:6]

@@ -26,6 +26,7 @@ async def test_right_solution_earns_1_and_wrong_earns_0(mode):
     assert bad.verification.exit_code != 0 and "AssertionError" in bad.verification.output
 
 
+@pytest.mark.slow
 async def test_the_model_never_sees_the_hidden_files():
     hidden = ROW["verify"]["files"]["test_hidden.py"]
     model = ToolScript([[shell("ls -a; cat test_hidden.py; find / -name test_hidden.py 2>/dev/null | head")]])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from raygen.config import LocalEnvConfig, RunConfig, ScriptedModelConfig, SimConfig
 from raygen.input.validate import iter_samples
 from raygen.model.scripted import ScriptedModel
@@ -52,6 +54,7 @@ def rewards(run: RunDir) -> dict[str, float | None]:
     return out
 
 
+@pytest.mark.slow
 def test_rescore_reproduces_the_rewards(tmp_path):
     run = asyncio.run(make_run(tmp_path, TASKS))
     before = rewards(run)
@@ -61,6 +64,7 @@ def test_rescore_reproduces_the_rewards(tmp_path):
     assert rewards(run) == before
 
 
+@pytest.mark.slow
 def test_rescore_after_fixing_a_broken_check(tmp_path):
     # Graded with a check that timed out (verify_error, no reward); the dataset's check is the good one.
     run = asyncio.run(make_run(tmp_path, TASKS, command="sleep 5", timeout_s=0.2))
