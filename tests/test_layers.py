@@ -5,12 +5,14 @@ Every module of raygen/ is parsed (no import runs); its imports, the lazy ones i
 one top-level module or folder of raygen/; a room may import rooms of its own layer or below, and the rooms
 import each other without a circle. Only distributed/ imports ray, only cli/ imports typer and rich. Every
 ``raygen.*`` name the code, the tests and the benchmarks import or name in a string (``-m raygen.x``,
-``mock.patch("raygen.x.y")``, ``import_module("raygen.x")``) must exist: a module that moved leaves none behind.
+``mock.patch("raygen.x.y")``, ``import_module("raygen.x")``) must exist: a module that moved leaves none
+behind.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from collections.abc import Iterator
 from functools import cache
@@ -41,7 +43,9 @@ def layer_of(room: str) -> int:
     for number, rooms in enumerate(LAYERS, start=1):
         if room in rooms:
             return number
-    raise AssertionError(f"raygen/{room} is in no layer of LAYERS (tests/test_layers.py, docs/architecture.md)")
+    raise AssertionError(
+        f"raygen/{room} is in no layer of LAYERS (tests/test_layers.py, docs/architecture.md)"
+    )
 
 
 def module_name(path: Path) -> str:
@@ -100,7 +104,9 @@ def imports(path: Path, module: str) -> Iterator[tuple[str, int]]:
 @cache
 def all_imports() -> list[tuple[str, str, int]]:
     """(importing module, imported module, line) over raygen/."""
-    return [(module, target, line) for module, path in modules().items() for target, line in imports(path, module)]
+    return [
+        (module, target, line) for module, path in modules().items() for target, line in imports(path, module)
+    ]
 
 
 def where(module: str, line: int) -> str:
@@ -227,7 +233,11 @@ def raygen_names(path: Path) -> Iterator[tuple[str, int]]:
             yield node.module or "", node.lineno
         elif isinstance(node, ast.Call) and _call_name(node) in _NAMING_CALLS and node.args:
             first = node.args[0]
-            if isinstance(first, ast.Constant) and isinstance(first.value, str) and _DOTTED.fullmatch(first.value):
+            if (
+                isinstance(first, ast.Constant)
+                and isinstance(first.value, str)
+                and _DOTTED.fullmatch(first.value)
+            ):
                 yield first.value, node.lineno
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             if _DOTTED.fullmatch(node.value) and node.value.split(".")[1] in rooms:
@@ -235,8 +245,10 @@ def raygen_names(path: Path) -> Iterator[tuple[str, int]]:
             yield from ((match, node.lineno) for match in _RUN_MODULE.findall(node.value))
         elif isinstance(node, ast.List | ast.Tuple):
             items = [item.value if isinstance(item, ast.Constant) else None for item in node.elts]
-            pairs = zip(items, items[1:], strict=False)
-            yield from ((name, node.lineno) for flag, name in pairs if flag == "-m" and _DOTTED.fullmatch(name or ""))
+            pairs = itertools.pairwise(items)
+            yield from (
+                (name, node.lineno) for flag, name in pairs if flag == "-m" and _DOTTED.fullmatch(name or "")
+            )
 
 
 def test_every_raygen_name_in_code_tests_and_benchmarks_exists() -> None:
