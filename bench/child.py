@@ -1,5 +1,5 @@
 """``python -m bench.child CONFIG.yaml DATASET``: one ``raygen run`` through the library entry point
-(``raygen.runner.run``, what the CLI calls), in its own process so its whole process tree can be measured.
+(``raygen.run.driver.run``, what the CLI calls), in its own process so its whole process tree can be measured.
 
 The library path instead of the ``raygen`` command: the benchmark measures the run, not the CLI's
 optional extension commands."""
@@ -11,9 +11,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from raygen.cli_report import ConsoleReporter, summary_rows
+from raygen.cli.console import ConsoleReporter, summary_rows
 from raygen.configfile import load_config
-from raygen.runner import run
+from raygen.run.driver import run
 
 
 def main(argv: list[str]) -> int:

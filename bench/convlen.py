@@ -39,11 +39,11 @@ from bench.common import Context, Row
 from raygen.config import FakeEnvConfig, OpenAIModelConfig, SamplingConfig, SessionConfig
 from raygen.envs.base import ExecResult
 from raygen.envs.fake import FakeEnvironment
+from raygen.formats.prompting import request_messages
 from raygen.input.rows import PromptRow, Sample
 from raygen.model.base import Completion
 from raygen.model.openai_model import OpenAIChatModel, estimate_tokens
 from raygen.session.agent import SessionRunner
-from raygen.session.prompting import request_messages
 from raygen.tools.registry import load_registry
 
 SIZES = [(2, 1), (2, 20), (10, 1), (10, 20), (25, 1), (25, 20), (50, 1), (50, 20)]

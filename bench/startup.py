@@ -94,7 +94,9 @@ def launch(name: str, cmd: list[str], log_path: Path, env: dict[str, str]) -> La
 
 def raygen_command(ctx: Context, name: str, dataset: Path, base_url: str) -> list[str]:
     script = Path(sys.executable).with_name("raygen")
-    cli = [str(script)] if script.exists() else [sys.executable, "-c", "from raygen.cli import app; app()"]
+    cli = (
+        [str(script)] if script.exists() else [sys.executable, "-c", "from raygen.cli.main import app; app()"]
+    )
     out = ctx.dir("startup") / "runs"
     args = ["run", str(dataset), "--base-url", base_url, "--api-key-env", KEY_ENV]
     return cli + args + ["--output-dir", str(out), "--run-name", name]

@@ -23,6 +23,7 @@ from raygen.envs.configs import (  # noqa: F401 (re-exported: one place to impor
     ModalEnvConfig,
     SingularityEnvConfig,
 )
+from raygen.input.verify_spec import VerifySpec
 from raygen.model.configs import (  # noqa: F401 (re-exported)
     ChatAPIModelConfig,
     ModelConfig,
@@ -34,7 +35,6 @@ from raygen.model.configs import (  # noqa: F401 (re-exported)
     SimConfig,
     SimModelConfig,
 )
-from raygen.verify.spec import VerifySpec
 
 
 class SessionConfig(_Section):
@@ -85,8 +85,8 @@ class SessionConfig(_Section):
         return self.system_prompt
 
     def resolved_prefill(self) -> list[dict[str, str]]:
-        """The prefill messages (``raygen.session.prompting.load_prefill``); [] when there is no file."""
-        from raygen.session.prompting import load_prefill
+        """The prefill messages (``raygen.formats.prompting.load_prefill``); [] when there is no file."""
+        from raygen.formats.prompting import load_prefill
 
         return load_prefill(self.prefill_messages_file) if self.prefill_messages_file is not None else []
 

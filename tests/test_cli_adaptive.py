@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from raygen import cli
+from raygen.cli import main as cli
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from raygen.cli import app
+from raygen.cli.main import app
 from raygen.config import RunConfig
 from raygen.envs import environment_class
 from raygen.output.run_dir import MANIFEST_FILE, RunDir

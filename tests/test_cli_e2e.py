@@ -15,7 +15,7 @@ import yaml
 from cli_runs import read_jsonl
 
 from raygen.config import SimConfig
-from raygen.sim.policy import plan_for
+from raygen.model.sim_policy import plan_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

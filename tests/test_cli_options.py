@@ -7,8 +7,8 @@ import typing
 
 from typer.testing import CliRunner
 
-from raygen import cli
-from raygen.cli_options import Sets
+from raygen.cli import main as cli
+from raygen.cli.options import Sets
 from raygen.config import RunConfig
 from raygen.docs_gen import _models
 

@@ -1,4 +1,4 @@
-"""The drain switch (raygen.drain): the first signal asks for a drain, a second stops at once, and the
+"""The drain switch (raygen.run.drain): the first signal asks for a drain, a second stops at once, and the
 handlers that were there before come back. The end-to-end behaviour is in tests/test_durability.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from raygen.drain import SIGNALS, Drain, StopNow
+from raygen.run.drain import SIGNALS, Drain, StopNow
 
 
 @pytest.mark.parametrize("sig", SIGNALS)

@@ -35,8 +35,8 @@ from resume_harness import (
 )
 
 from raygen.config import SimConfig
-from raygen.drain import EXIT_RESUMABLE
-from raygen.sim.policy import is_slow
+from raygen.model.sim_policy import is_slow
+from raygen.run.drain import EXIT_RESUMABLE
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raygen.ledger import Ledger
+from raygen.run.ledger import Ledger
 
 
 def ledger() -> Ledger:

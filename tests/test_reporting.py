@@ -1,4 +1,4 @@
-"""The library reports, the CLI renders: ``raygen.runner.run`` prints nothing itself."""
+"""The library reports, the CLI renders: ``raygen.run.driver.run`` prints nothing itself."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from raygen.configfile import load_config
-from raygen.reporting import RunReporter
-from raygen.runner import run
+from raygen.run.driver import run
+from raygen.run.reporter import RunReporter
 
 
 class Recorder(RunReporter):
@@ -53,6 +53,6 @@ def test_without_a_reporter_the_library_logs_and_prints_nothing(tmp_path, capsys
 
 
 def test_the_driver_does_not_import_the_terminal_renderer():
-    code = "import sys, raygen.runner; print('rich' in sys.modules)"
+    code = "import sys, raygen.run.driver; print('rich' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -1,7 +1,7 @@
 """Resume semantics (docs/resume.md): identity, the ledger, config refusal, accounting, retries.
 
 The first part needs no Ray: run folders are built from records written with ShardWriter, and
-``raygen.runner.run`` plans (``dry_run``) or merges them (nothing pending, so Ray never starts).
+``raygen.run.driver.run`` plans (``dry_run``) or merges them (nothing pending, so Ray never starts).
 The second part (marked ``ray``/``slow``) drives ``raygen run`` from the command line against the
 simulator: a randomized sequence of dataset edits and SIGKILLs of the driver's process group, checked
 against the simulator's own request log; and the retry policy for infrastructure failures.
@@ -40,13 +40,13 @@ from resume_harness import (
 
 from raygen.config import RunConfig
 from raygen.errors import FAILURE_KINDS, RETRYABLE, ConfigError
-from raygen.generation import Generation, describe_changes
+from raygen.formats.records import ReasoningCounts, Trajectory
 from raygen.input.rows import PromptRow, Sample
-from raygen.ledger import Ledger, worker_lost_record
 from raygen.output.shards import ShardWriter
-from raygen.records import ReasoningCounts, Trajectory
-from raygen.run_commands import remerge, run_status, write_keys
-from raygen.runner import run
+from raygen.run.driver import run
+from raygen.run.folder_commands import remerge, run_status, write_keys
+from raygen.run.generation import Generation, describe_changes
+from raygen.run.ledger import Ledger, worker_lost_record
 
 # ---------------------------------------------------------------------------------------------- no Ray
 

@@ -8,11 +8,11 @@ import json
 import pytest
 from rich.console import Console
 
-from raygen.cli_report import ConsoleReporter
+from raygen.cli.console import ConsoleReporter
 from raygen.config import RunConfig
 from raygen.configfile import load_config
 from raygen.errors import ConfigError, InputError
-from raygen.runner import run
+from raygen.run.driver import run
 
 
 def cfg(tmp_path, dataset, **model) -> RunConfig:

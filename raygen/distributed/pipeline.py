@@ -16,7 +16,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 import ray.data
@@ -26,11 +26,22 @@ from raygen.distributed.cluster import session_actor_resources
 from raygen.distributed.control import start_control
 from raygen.distributed.plan import WorkerPlan
 from raygen.distributed.worker import SessionWorker
-from raygen.drain import Drain
 from raygen.input.rows import Sample
 from raygen.output.summary import SessionSummary
 
 log = logging.getLogger(__name__)
+
+
+class Drain(Protocol):
+    """What the pipeline reads of the run's drain switch (``raygen.run.drain.Drain``, installed by the driver
+    above this layer): whether a drain was asked for, and whether its time ran out."""
+
+    @property
+    def requested(self) -> bool: ...
+
+    @property
+    def expired(self) -> bool: ...
+
 
 # Ray Data runs up to this many batches of one task at once for an async UDF (its default); a batch's
 # rows run concurrently, so an actor with two tasks in flight can fill all its session slots.

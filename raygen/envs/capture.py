@@ -7,7 +7,7 @@ and the tail of a byte stream within a fixed budget, so memory stays bounded wha
 from __future__ import annotations
 
 from raygen.envs.base import ExecResult
-from raygen.tools.base import cap_text
+from raygen.formats.text import cap_text
 
 
 class OutputCapture:

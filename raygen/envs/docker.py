@@ -36,9 +36,9 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from raygen.config import DockerEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation, image_names
 from raygen.envs.capture import OutputCapture, exec_result
+from raygen.envs.configs import DockerEnvConfig
 from raygen.envs.docker_engine import (
     build_missing_images,
     ensure_images,

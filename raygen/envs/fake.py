@@ -19,10 +19,10 @@ import posixpath
 import re
 import time
 
-from raygen.config import FakeEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult
+from raygen.envs.configs import FakeEnvConfig
 from raygen.errors import SessionFailure
-from raygen.tools.base import cap_text
+from raygen.formats.text import cap_text
 
 _OPS = ("&&", "||", "|", "&", ">>", ">&2", ">", ";", "\n")
 _VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")

@@ -1,5 +1,5 @@
-"""What the backends that keep a session's files in a host folder share (local, singularity): which host
-variable names hold credentials, and removing a workdir whatever its commands left in it."""
+"""What the backends that keep a session's files in a host folder share (local, singularity): removing a
+workdir whatever its commands left in it (which host variable names hold credentials: formats/scrub.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,6 @@ import time
 from collections.abc import Iterable
 from contextlib import suppress
 from pathlib import Path
-
-SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
-
-
-def looks_secret(name: str) -> bool:
-    """True for variable names that usually hold credentials (``OPENAI_API_KEY``, ``GH_TOKEN``, ...)."""
-    upper = name.upper()
-    return any(part in upper for part in SECRET_NAME_PARTS)
 
 
 def _make_dirs_writable(top: Path) -> None:

@@ -29,11 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from raygen.config import LocalEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult
 from raygen.envs.bwrap import readable, sandbox_argv
 from raygen.envs.capture import OutputCapture, exec_result
-from raygen.envs.host import looks_secret, make_workdir, remove_small_tree, remove_tree
+from raygen.envs.configs import LocalEnvConfig
+from raygen.envs.host import make_workdir, remove_small_tree, remove_tree
 from raygen.envs.processes import (
     TIMEOUT_EXIT_CODE,
     Captured,
@@ -46,6 +46,7 @@ from raygen.envs.processes import (
 )
 from raygen.envs.spawner_client import RequestTooLarge, SpawnerUnavailable, run_spawned
 from raygen.errors import SessionFailure
+from raygen.formats.scrub import looks_secret
 
 log = logging.getLogger(__name__)
 

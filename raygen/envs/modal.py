@@ -30,9 +30,9 @@ import time
 from contextlib import suppress
 from typing import Any
 
-from raygen.config import ModalEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
 from raygen.envs.capture import OutputCapture, exec_result
+from raygen.envs.configs import ModalEnvConfig
 from raygen.envs.labels import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
 from raygen.envs.processes import EXEC_ID_VAR, KILL_BY_EXEC_ID_SCRIPT, KILL_GRACE_S, TIMEOUT_EXIT_CODE
 from raygen.errors import MissingExtraError, SessionFailure

@@ -41,10 +41,10 @@ from collections.abc import Iterable
 from contextlib import suppress
 from pathlib import Path
 
-from raygen.config import SingularityEnvConfig
 from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
 from raygen.envs.capture import OutputCapture, exec_result
-from raygen.envs.host import looks_secret, make_workdir, remove_tree
+from raygen.envs.configs import SingularityEnvConfig
+from raygen.envs.host import make_workdir, remove_tree
 from raygen.envs.processes import (
     DRAIN_GRACE_S,
     EXEC_ID_VAR,
@@ -58,6 +58,7 @@ from raygen.envs.processes import (
 )
 from raygen.envs.singularity_images import find_executable, prepare_sif_images, resolve_image
 from raygen.errors import SessionFailure
+from raygen.formats.scrub import looks_secret
 
 log = logging.getLogger(__name__)
 

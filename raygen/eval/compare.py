@@ -18,7 +18,7 @@ from typing import Any
 from raygen.errors import ConfigError
 from raygen.eval.html import ratio
 from raygen.eval.runread import RunInfo, load_run
-from raygen.verify.stats import verification_metrics
+from raygen.output.verify_stats import verification_metrics
 
 Getter = Callable[[dict[str, Any]], Any]
 

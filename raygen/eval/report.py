@@ -24,6 +24,7 @@ from typing import Any
 
 from raygen.eval.html import esc, section, table
 from raygen.eval.profile import RunProfile
+from raygen.eval.rewards import rewards_section
 from raygen.eval.runread import ScanCounts, iter_run_records, load_run
 from raygen.eval.sections import (
     accounting_section,
@@ -39,7 +40,6 @@ from raygen.eval.viewer import embed_json, viewer_entry
 from raygen.output.filters import OUTCOMES
 from raygen.output.run_dir import REPORT_FILE, RunDir
 from raygen.output.shards import RecordReader
-from raygen.verify.report import rewards_section
 
 DEFAULT_SAMPLE = 500
 """Most trajectories embedded in the viewer."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from raygen.session.reasoning import split_reasoning
+from raygen.formats.reasoning import split_reasoning
 
 # Tried in order until an entry fits its budget; the last one also drops middle messages.
 TEXT_CAPS = (6_000, 2_000, 800, 300, 120)

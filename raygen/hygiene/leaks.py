@@ -1,6 +1,6 @@
 """The run-level leak check: how often any secret value still occurs in a run's output files.
 
-Sessions scrub secret values as they go (``raygen.session.scrub``); this check is the independent
+Sessions scrub secret values as they go (``raygen.formats.scrub``); this check is the independent
 count afterwards, over every text file of the run folder (``data/``, ``rejected/``, ``failed/``,
 ``shards/``, the manifest ...; not the transient ``work/``), wherever it is stored (``RunDir``). Parquet
 shards are skipped: they are compressed copies of ``data/*.jsonl``, which is checked. Only counts leave
@@ -16,9 +16,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from raygen.formats.scrub import Scrubber
 from raygen.hygiene.scan import iter_valid_rows
 from raygen.output.run_dir import RunDir
-from raygen.session.scrub import Scrubber
 
 _SKIPPED_SUFFIXES = (".parquet",)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
-from raygen.verify.spec import VerifySpec
+from raygen.input.verify_spec import VerifySpec
 
 ROW_FIELDS = ("prompt", "id", "category", "image", "cwd", "env", "toolsets", "metadata", "verify")
 

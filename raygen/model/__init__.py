@@ -19,7 +19,7 @@ def create_model(
     provider: Any = None,
 ) -> ChatModel:
     """Build the chat model for ``config`` (a ModelConfig). ``base_url`` is the resolved endpoint
-    (``raygen.model.endpoint``: the simulator's for ``sim``); ``provider`` (a ProviderConfig) adds the
+    (``raygen.run.endpoint``: the simulator's for ``sim``); ``provider`` (a ProviderConfig) adds the
     reasoning, routing and streaming options."""
     if config.type == "scripted":
         from raygen.model.scripted import ScriptedModel

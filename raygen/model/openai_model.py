@@ -15,9 +15,9 @@ from typing import Any
 import openai
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from raygen.config import ChatAPIModelConfig, SamplingConfig
 from raygen.errors import SessionFailure
 from raygen.model.base import ChatModel, Completion, request_seed
+from raygen.model.configs import ChatAPIModelConfig, SamplingConfig
 from raygen.model.gate import OpenGate, RateGate
 from raygen.model.provider_options import request_options
 from raygen.model.streaming import StreamStalled, assemble

@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from raygen.config import ScriptedModelConfig, SimConfig
 from raygen.errors import SessionFailure
 from raygen.model.base import ChatModel, Completion, request_seed
-from raygen.sim.policy import is_nonexistent_model, respond
+from raygen.model.configs import ScriptedModelConfig, SimConfig
+from raygen.model.sim_policy import is_nonexistent_model, respond
 
 
 class ScriptedModel(ChatModel):
-    """Runs ``raygen.sim.policy.respond`` directly. Messages have the shape ``OpenAIChatModel`` yields for
-    the simulator's HTTP replies. ``sim`` supplies the policy's knobs (seed, hallucination and
+    """Runs ``raygen.model.sim_policy.respond`` directly. Messages have the shape ``OpenAIChatModel``
+    yields for the simulator's HTTP replies. ``sim`` supplies the policy's knobs (seed, hallucination and
     reasoning rates); its latency, rate-limit and error knobs are HTTP-only and ignored here."""
 
     def __init__(self, config: ScriptedModelConfig, sim: SimConfig | None = None):

@@ -16,7 +16,7 @@ Order (the first match decides, so each session has exactly one reason):
 7. ``rejected`` / ``low_reward``: no reward, or one below ``FilterConfig.min_reward``.
 8. ``kept``.
 
-Then, over each prompt group (``raygen.verify.groups``, needs every sample's outcome):
+Then, over each prompt group (``raygen.output.groups``, needs every sample's outcome):
 ``incomplete_group`` / ``uniform_group`` (``FilterConfig.groups``), then ``not_best``
 (``FilterConfig.best_of``).
 """

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from raygen.errors import ConfigError
-from raygen.session.limits import stored_arguments
-from raygen.session.reasoning import split_reasoning
-from raygen.session.sharegpt import dialogue_turns
+from raygen.formats.limits import stored_arguments
+from raygen.formats.reasoning import split_reasoning
+from raygen.formats.sharegpt import dialogue_turns
 
 FORMATS = ("raygen", "hermes")
 

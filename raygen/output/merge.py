@@ -35,6 +35,7 @@ import yaml
 
 from raygen.config import FilterConfig
 from raygen.output.filters import FAILED, KEPT, REJECTED, classify
+from raygen.output.groups import apply_group_filters
 from raygen.output.hermes import HermesOptions, HermesWriter
 from raygen.output.run_dir import (
     DATA_DIR,
@@ -50,7 +51,6 @@ from raygen.output.shards import RecordReader, ShardPos, ShardScanStats, iter_sh
 from raygen.output.stats import StatsAccumulator
 from raygen.output.storage import TMP_SUFFIX, fsync_dir
 from raygen.output.summary import summarize
-from raygen.verify.groups import apply_group_filters
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class FinalRecord:
     prompt_index: int
     outcome: str
     reason: str | None
-    # For the group filters (raygen.verify.groups): a few bytes per key, not the summary.
+    # For the group filters (raygen.output.groups): a few bytes per key, not the summary.
     key: str = ""
     group_id: str | None = None
     sample_index: int = 0

@@ -16,7 +16,7 @@ Decode them with ``json.loads``. ``safety_labels`` has a fixed shape, so it is t
 ``list<struct<turn: int64, tool: string, label: string, rule_id: string>>`` (empty list for most rows);
 so is ``turns``: ``list<struct<finish_reason: string, provider: string>>``, one per model call.
 The JSONL output keeps the natural JSON (the Trajectory dump).
-A test checks that the structs below match the pydantic models in ``raygen.records``.
+A test checks that the structs below match the pydantic models in ``raygen.formats.records``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from raygen.records import EnvInfo, ReasoningCounts, SafetyLabel, Timing, Usage
+from raygen.formats.records import EnvInfo, ReasoningCounts, SafetyLabel, Timing, Usage
 
 JSON_COLUMNS = ("messages", "metadata", "tool_stats", "tool_error_counts", "verification", "artifacts")
 """Columns holding a JSON string (decode with ``json.loads``)."""
@@ -40,9 +40,9 @@ SAFETY_LABEL = pa.struct(
         pa.field("rule_id", pa.string()),
     ]
 )
-"""One element of the ``safety_labels`` column (the fields of ``raygen.records.SafetyLabel``)."""
+"""One element of the ``safety_labels`` column (the fields of ``raygen.formats.records.SafetyLabel``)."""
 TURN_INFO = pa.struct([pa.field("finish_reason", pa.string()), pa.field("provider", pa.string())])
-"""One element of the ``turns`` column (the fields of ``raygen.records.TurnInfo``)."""
+"""One element of the ``turns`` column (the fields of ``raygen.formats.records.TurnInfo``)."""
 
 SCHEMA = pa.schema(
     [

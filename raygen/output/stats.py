@@ -20,7 +20,7 @@
 - ``verification`` (only when some session had a check): ``graded`` sessions (the check gave a reward),
   ``passed``, ``pass_rate``, ``mean_reward``, ``verify_errors`` (checks that could not run; never counted
   as 0), ``error_share`` (of checked sessions), ``groups`` and ``pass_at_k`` ``{"1": ..., "K": ...}``, the
-  unbiased estimator averaged over prompt groups (``raygen.verify.stats``).
+  unbiased estimator averaged over prompt groups (``raygen.output.verify_stats``).
 - ``per_category``: ``{category: {...}}`` with all the keys above except ``per_category``; sessions
   without a category are under ``"(none)"``.
 """
@@ -34,7 +34,7 @@ from typing import Any
 from raygen.errors import failure_kind
 from raygen.output.filters import FAILED, KEPT, OUTCOMES, REJECTED
 from raygen.output.summary import SessionSummary
-from raygen.verify.stats import VerificationStats
+from raygen.output.verify_stats import VerificationStats
 
 NO_CATEGORY = "(none)"
 

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from raygen.errors import is_failure_status
-from raygen.records import Trajectory
+from raygen.formats.records import Trajectory
 
 # Only these record fields are read; a Trajectory is never fully dumped (its messages may be large).
 _FIELDS = (

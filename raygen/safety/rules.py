@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from raygen.errors import ConfigError
-from raygen.records import SafetyLabel
+from raygen.formats.records import SafetyLabel
 
 DEFAULT_RULES_FILE = "rules_v1.yaml"
 MAX_CHECKED_CHARS = 20_000

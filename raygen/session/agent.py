@@ -22,9 +22,10 @@ from typing import Any
 from raygen.config import SessionConfig
 from raygen.envs import EnvSpec, create_environment, environment_class
 from raygen.errors import SessionFailure
-from raygen.input.rows import Sample
-from raygen.model.base import SAMPLE_INDEX, ChatModel
-from raygen.records import (
+from raygen.formats.limits import capped_record, cut_reply, reply_chars
+from raygen.formats.prompting import request_messages
+from raygen.formats.reasoning import split_reasoning
+from raygen.formats.records import (
     Artifact,
     EnvInfo,
     ReasoningCounts,
@@ -36,15 +37,15 @@ from raygen.records import (
     Usage,
     Verification,
 )
+from raygen.formats.scrub import Scrubber, worker_secret_values
+from raygen.formats.sharegpt import to_sharegpt, tools_block
+from raygen.formats.text import cap_text
+from raygen.input.rows import Sample
+from raygen.input.verify_spec import VerifySpec
+from raygen.model.base import SAMPLE_INDEX, ChatModel
 from raygen.safety import label_tool_call, rules_version
-from raygen.session.limits import capped_record, cut_reply, reply_chars
-from raygen.session.prompting import request_messages
-from raygen.session.reasoning import split_reasoning
-from raygen.session.scrub import Scrubber, worker_secret_values
-from raygen.session.sharegpt import to_sharegpt, tools_block
-from raygen.tools.base import Tool, ToolContext, ToolResult, cap_text
+from raygen.tools.base import Tool, ToolContext, ToolResult
 from raygen.verify.grader import VerifyError, collect_artifacts, grade
-from raygen.verify.spec import VerifySpec
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class SessionRunner:
         self.env_config = env_config
         self.cfg = session
         self.system_prompt = session.resolved_system_prompt()
-        # Sent with every call; stored only with ``store_prefill`` (raygen/session/prompting.py).
+        # Sent with every call; stored only with ``store_prefill`` (raygen/formats/prompting.py).
         self.prefill = session.resolved_prefill()
         self.sent_prefill = [] if session.store_prefill else self.prefill
         self.run_name = run_name

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from raygen.config import SimConfig
+from raygen.model.configs import SimConfig
 from raygen.sim.server import URL_LINE_PREFIX, serve_forever
 
 

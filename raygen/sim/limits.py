@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from raygen.config import SimConfig
+from raygen.model.configs import SimConfig
 
 
 class RateCounter(Protocol):

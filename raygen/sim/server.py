@@ -4,7 +4,7 @@ Routes: ``POST /v1/chat/completions`` (``stream: true`` answers server-sent even
 ``GET /sim/stats`` and ``POST /sim/reset``. Realism knobs come from ``SimConfig``: latency with jitter,
 hard request and token rate limits counted as a token bucket or fixed or sliding windows (429 with
 ``Retry-After``; ``raygen.sim.limits``), a share of 5xx answers, and per-session hallucination and
-reasoning choices (in ``raygen.sim.policy``). Model names starting with ``nonexistent`` get 404; a reply
+reasoning choices (in ``raygen.model.sim_policy``). Model names starting with ``nonexistent`` get 404; a reply
 longer than the request's ``max_tokens`` is cut (``finish_reason: length``).
 
 Three ways to run it: ``async with SimServer(cfg)`` on the current loop, ``start_in_thread`` (own
@@ -32,9 +32,15 @@ from typing import Any
 
 from aiohttp import web
 
-from raygen.config import SimConfig
+from raygen.model.configs import SimConfig
+from raygen.model.sim_policy import (
+    count_assistant_turns,
+    first_user_text,
+    is_nonexistent_model,
+    is_slow,
+    respond,
+)
 from raygen.sim.limits import RateLimits
-from raygen.sim.policy import count_assistant_turns, first_user_text, is_nonexistent_model, is_slow, respond
 from raygen.sim.streaming import stream_reply
 
 URL_LINE_PREFIX = "RAYGEN_SIM_URL="

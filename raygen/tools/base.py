@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raygen.envs.base import Environment
+from raygen.formats.text import cap_text
 
 
 @dataclass
@@ -60,17 +61,6 @@ class Toolset:
     name: str
     tools: list[Tool] = field(default_factory=list)
     description: str = ""
-
-
-def cap_text(text: str, max_chars: int) -> tuple[str, bool]:
-    """Keep the head and tail of ``text`` within ``max_chars`` (errors and results often sit at the end)."""
-    if len(text) <= max_chars:
-        return text, False
-    marker = f"\n... [{len(text) - max_chars} characters cut by raygen] ...\n"
-    keep = max(0, max_chars - len(marker))
-    head = keep // 2
-    tail = keep - head
-    return text[:head] + marker + (text[-tail:] if tail else ""), True
 
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from raygen.tools.base import Tool, ToolContext, ToolResult, Toolset, cap_text, check_arguments, fit_json
+from raygen.formats.text import cap_text
+from raygen.tools.base import Tool, ToolContext, ToolResult, Toolset, check_arguments, fit_json
 
 MAX_COMMAND_BYTES = 128 * 1024 - 1
 """Longest command line (UTF-8 bytes): Linux refuses a longer single argument to a program (E2BIG,

@@ -1,4 +1,4 @@
 """Verified trajectories: a row's hidden check, graded after the session (see README.md here).
 
-Kept import-free: ``raygen.input.rows`` imports ``raygen.verify.spec`` and must not pull in the backends.
+Kept import-free, so that importing ``raygen.verify.grader`` pulls in only what the grader needs.
 """

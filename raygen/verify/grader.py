@@ -26,10 +26,10 @@ from typing import Any
 
 from raygen.envs.base import Environment, ExecResult
 from raygen.errors import SessionFailure
-from raygen.records import Artifact, Verification
-from raygen.tools.base import cap_text
+from raygen.formats.records import Artifact, Verification
+from raygen.formats.text import cap_text
+from raygen.input.verify_spec import MAX_ARTIFACT_BYTES, VerifySpec
 from raygen.verify.python import PythonCheck, PythonCheckError, run_python_check
-from raygen.verify.spec import MAX_ARTIFACT_BYTES, VerifySpec
 
 OUTPUT_MAX_CHARS = 4000
 """The check's output kept in the record: its head and tail, around a cut marker."""

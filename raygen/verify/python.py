@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raygen.envs.base import Environment
+from raygen.input.verify_spec import VerifySpec
 from raygen.model.base import ChatModel
-from raygen.verify.spec import VerifySpec
 
 
 @dataclass

@@ -16,8 +16,8 @@ import pytest
 
 from raygen.distributed.control import RunControl
 from raygen.distributed.pipeline import collect_records
-from raygen.drain import Drain
 from raygen.output.summary import SessionSummary
+from raygen.run.drain import Drain
 
 
 def _summary(key: str) -> str:

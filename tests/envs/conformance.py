@@ -238,8 +238,8 @@ class EnvironmentConformance:
         return agent
 
     async def test_grading_fresh_mode_sees_only_artifacts_and_hidden_files(self, new_env: MakeEnv):
+        from raygen.input.verify_spec import VerifySpec
         from raygen.verify.grader import grade
-        from raygen.verify.spec import VerifySpec
 
         agent = await self._agent_leaves(new_env)
         spec = dict(files={"hidden.txt": "1\n"}, artifacts=["answer.txt"], mode="fresh", result="last_line")
@@ -257,8 +257,8 @@ class EnvironmentConformance:
         assert (await agent.read_file("hidden.txt")) == b"0\n"  # the agent's environment was not touched
 
     async def test_grading_same_mode_writes_hidden_files_over_the_agents(self, new_env: MakeEnv):
+        from raygen.input.verify_spec import VerifySpec
         from raygen.verify.grader import grade
-        from raygen.verify.spec import VerifySpec
 
         agent = await self._agent_leaves(new_env)
         spec = VerifySpec(

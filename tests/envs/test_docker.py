@@ -237,7 +237,7 @@ def test_raygen_clean_removes_the_containers_of_a_killed_run(docker_config, clie
     from test_cli_clean import run_folder
     from typer.testing import CliRunner
 
-    from raygen.cli import app
+    from raygen.cli.main import app
 
     run, other = leftovers
     result = CliRunner().invoke(app, ["clean", str(run_folder(tmp_path, {"type": "docker"}, run))])

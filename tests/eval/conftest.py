@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from raygen.config import FilterConfig, RunConfig
-from raygen.generation import Generation
+from raygen.formats.records import Trajectory
 from raygen.output.manifest import build_manifest
 from raygen.output.merge import merge_run
 from raygen.output.run_dir import MANIFEST_FILE, RunDir
 from raygen.output.shards import ShardWriter
-from raygen.records import Trajectory
+from raygen.run.generation import Generation
 
 CATEGORIES = ("bash", "sql", "python", "edge")
 KINDS = ("good", "good", "max_turns", "no_reasoning", "hallucinated", "failed:rate_limited")

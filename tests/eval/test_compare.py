@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from raygen.cli import app
+from raygen.cli.main import app
 from raygen.eval.compare import RunsNotComparable, comparability_problems, compare_runs
 
 

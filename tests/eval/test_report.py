@@ -14,7 +14,7 @@ import pytest
 from conftest import NASTY, NASTY_ID, build_run
 from typer.testing import CliRunner
 
-from raygen.cli import app
+from raygen.cli.main import app
 from raygen.errors import ConfigError
 from raygen.eval.profile import TOKEN_EDGES, Histogram, RunProfile, turn_edges
 from raygen.eval.report import build_report, write_report

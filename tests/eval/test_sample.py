@@ -11,7 +11,7 @@ import pytest
 from conftest import NASTY, NASTY_ID
 from typer.testing import CliRunner
 
-from raygen.cli import app
+from raygen.cli.main import app
 from raygen.config import FilterConfig
 from raygen.eval.sample import parse_include, write_sample
 from raygen.output.merge import merge_run

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from raygen.cli_report import ConsoleReporter
+from raygen.cli.console import ConsoleReporter
 from raygen.config import RunConfig
 from raygen.errors import InputError
-from raygen.runner import run
+from raygen.run.driver import run
 
 ROOT = Path(__file__).resolve().parents[2]
 AWS_KEY = "AKIAIOSFODNN7EXAMPLE"
@@ -69,7 +69,7 @@ def test_cli_dry_run_prints_config_and_estimate_and_starts_nothing(tmp_path):
     script = textwrap.dedent(
         f"""
         import sys
-        from raygen.cli import app
+        from raygen.cli.main import app
         try:
             app(["run", "examples/prompts.jsonl", "--dry-run", "--limit", "10", "--workers", "1",
                  "--output-dir", {str(tmp_path / "runs")!r}, "--run-name", "try1"])

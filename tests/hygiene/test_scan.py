@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from raygen.cli import app
+from raygen.cli.main import app
 from raygen.config import HygieneConfig
 from raygen.errors import ConfigError
 from raygen.hygiene import scan_hygiene
@@ -157,7 +157,7 @@ def test_validate_helper_prints_warnings_or_returns_the_report(planted, tmp_path
 
     from rich.console import Console
 
-    from raygen.hygiene.commands import validate_hygiene
+    from raygen.cli.hygiene import validate_hygiene
 
     buffer = io.StringIO()
     report = validate_hygiene(planted, None, as_json=False, console=Console(file=buffer, width=300))

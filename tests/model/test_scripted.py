@@ -11,7 +11,7 @@ from raygen.config import ScriptedModelConfig, SimConfig
 from raygen.errors import SessionFailure
 from raygen.model.base import ChatModel, Completion
 from raygen.model.scripted import ScriptedModel
-from raygen.sim.policy import plan_for
+from raygen.model.sim_policy import plan_for
 from raygen.sim.server import SimServer
 
 TOOLS = [

@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from raygen.config import FilterConfig
+from raygen.formats.records import Trajectory
 from raygen.output.merge import merge_run
 from raygen.output.schema import SCHEMA
 from raygen.output.shards import ShardWriter
-from raygen.records import Trajectory
 
 TOOLS = ["terminal", "read_file", "web_search"]
 LONG_PROMPT = "Explain this log line by line:\n" + "x" * 20_000

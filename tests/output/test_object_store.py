@@ -16,12 +16,12 @@ from s3_server import MotoServer, Relay, environment, make_bucket, s3_env
 
 from raygen.config import FilterConfig
 from raygen.errors import ConfigError
+from raygen.formats.records import Trajectory
 from raygen.hygiene import count_secret_leaks
 from raygen.output.merge import merge_run
 from raygen.output.run_dir import RunDir
 from raygen.output.shards import RecordReader, ShardWriter, iter_shard_records
 from raygen.output.storage import StorageError
-from raygen.records import Trajectory
 
 
 @pytest.fixture(scope="module")

@@ -159,7 +159,7 @@ def test_object_store_lock(tmp_path):
 
 def test_status_while_the_driver_plans_the_run_names_the_driver(tmp_path):
     # The lock is taken before the manifest and keys are written: a status asked in between says so.
-    from raygen.run_commands import run_status
+    from raygen.run.folder_commands import run_status
 
     run = RunDir(tmp_path / "run")
     proc = holder_process(str(tmp_path / "run"))

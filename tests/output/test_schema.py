@@ -8,8 +8,8 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raygen.formats.records import EnvInfo, ReasoningCounts, Timing, Trajectory, Usage
 from raygen.output.schema import JSON_COLUMNS, SCHEMA, to_arrow_table
-from raygen.records import EnvInfo, ReasoningCounts, Timing, Trajectory, Usage
 
 
 def full_record() -> dict:

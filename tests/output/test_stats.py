@@ -8,10 +8,10 @@ import pickle
 import pytest
 
 from raygen.config import FilterConfig
+from raygen.formats.records import Trajectory
 from raygen.output.filters import classify
 from raygen.output.stats import StatsAccumulator
 from raygen.output.summary import SessionSummary, summarize
-from raygen.records import Trajectory
 
 
 def traj(key: str = "k", **fields) -> Trajectory:

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raygen.config import FakeEnvConfig, FilterConfig, ScriptedModelConfig, SessionConfig, SimConfig
+from raygen.formats.records import SafetyLabel, Trajectory
 from raygen.input.rows import PromptRow, Sample
 from raygen.model.base import ChatModel, Completion
 from raygen.model.scripted import ScriptedModel
@@ -18,7 +19,6 @@ from raygen.output.schema import SCHEMA, to_arrow_table
 from raygen.output.shards import ShardWriter
 from raygen.output.stats import StatsAccumulator
 from raygen.output.summary import summarize
-from raygen.records import SafetyLabel, Trajectory
 from raygen.session.agent import SessionRunner
 from raygen.tools.registry import load_registry
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from raygen.errors import ConfigError
-from raygen.records import SafetyLabel
+from raygen.formats.records import SafetyLabel
 from raygen.safety import default_rules, label_tool_call, load_rules, rules_version
 from raygen.safety.rules import ANY_TOOL, Rule
 

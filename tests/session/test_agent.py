@@ -13,8 +13,8 @@ from raygen.errors import SessionFailure
 from raygen.input.rows import PromptRow, Sample
 from raygen.model.base import ChatModel, Completion
 from raygen.model.scripted import ScriptedModel
+from raygen.model.sim_policy import plan_for
 from raygen.session.agent import SessionRunner
-from raygen.sim.policy import plan_for
 from raygen.tools.registry import load_registry
 
 

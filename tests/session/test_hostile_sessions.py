@@ -10,10 +10,10 @@ import pytest
 
 from raygen.config import LocalEnvConfig, OpenAIModelConfig, SamplingConfig, SessionConfig
 from raygen.envs.local import bwrap_problem
+from raygen.formats.limits import LARGE_ARGUMENT_CHARS
 from raygen.input.rows import PromptRow, Sample
 from raygen.model.openai_model import OpenAIChatModel
 from raygen.session.agent import SessionRunner
-from raygen.session.limits import LARGE_ARGUMENT_CHARS
 from raygen.tools.registry import load_registry
 from raygen.tools.terminal import MAX_COMMAND_BYTES
 from tests.hostile_provider import HostileProvider, answer, huge_reply, status, tool_call

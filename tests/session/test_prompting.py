@@ -10,11 +10,11 @@ import pytest
 
 from raygen.config import FakeEnvConfig, SessionConfig
 from raygen.errors import ConfigError
+from raygen.formats.prompting import load_prefill
 from raygen.input.rows import PromptRow, Sample
 from raygen.model.base import ChatModel, Completion
 from raygen.output.hermes import convert
 from raygen.session.agent import SessionRunner
-from raygen.session.prompting import load_prefill
 from raygen.tools.registry import load_registry
 
 PREFILL = [

@@ -9,7 +9,7 @@ import pytest
 from raygen.config import LocalEnvConfig, ScriptedModelConfig, SimConfig
 from raygen.input.rows import PromptRow, Sample
 from raygen.model.scripted import ScriptedModel
-from raygen.sim.coding import coding_task
+from raygen.model.sim_coding import coding_task
 from tests.verify.helpers import SOLUTIONS, runner, task_rows
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from raygen.config import SimConfig
-from raygen.sim.policy import is_slow, plan_for, respond
+from raygen.model.sim_policy import is_slow, plan_for, respond
 
 VERIFY_RE = re.compile(r"RAYGEN-VERIFY terminal=(ok|fail|skip) file=(ok|fail|skip)")
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from raygen.config import SimConfig
-from raygen.sim.policy import plan_for
+from raygen.model.sim_policy import plan_for
 from raygen.sim.server import SimServer, start_in_thread, start_subprocess
 
 FAKE_KEY = "sk-test-SECRET123"

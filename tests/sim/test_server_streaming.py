@@ -7,7 +7,7 @@ import json
 import openai
 
 from raygen.config import SimConfig
-from raygen.sim.policy import respond
+from raygen.model.sim_policy import respond
 from raygen.sim.server import SimServer
 
 MESSAGES = [{"role": "user", "content": "List the files here."}]

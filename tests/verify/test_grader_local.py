@@ -121,7 +121,7 @@ async def test_a_reward_file_left_by_the_agent_does_not_count():
 
 
 async def test_the_config_default_check_applies_to_rows_without_one():
-    from raygen.verify.spec import VerifySpec
+    from raygen.input.verify_spec import VerifySpec
 
     row = {k: v for k, v in ROW.items() if k != "verify"}
     r = runner(ToolScript([[write("solution.py", RIGHT)]]), ENV)

@@ -97,8 +97,8 @@ async def test_partial_credit_and_tampering(docker_rows):
 
 def test_the_driver_reads_a_tasks_folder_and_warns_about_copies(docker_rows, monkeypatch, tmp_path):
     from raygen.config import RunConfig
-    from raygen.reporting import RunReporter
-    from raygen.verify.prepare import prepare_dataset
+    from raygen.run.reporter import RunReporter
+    from raygen.run.verify_prepare import prepare_dataset
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     notes = []

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from raygen.config import FilterConfig
+from raygen.formats.records import ReasoningCounts, Trajectory, Verification
 from raygen.output.merge import merge_run
 from raygen.output.shards import ShardWriter
-from raygen.records import ReasoningCounts, Trajectory, Verification
 
 # group -> rewards of its samples (None: verify_error, a failed sample)
 GROUPS = {

@@ -13,7 +13,7 @@ from raygen.model.scripted import ScriptedModel
 from raygen.output.merge import merge_run
 from raygen.output.run_dir import RunDir
 from raygen.output.shards import ShardWriter
-from raygen.verify.rescore import rescore
+from raygen.run.rescore import rescore
 from tests.input.test_sample_groups import Draw
 from tests.verify.helpers import SOLUTIONS, TASKS, runner
 

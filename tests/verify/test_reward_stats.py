@@ -9,7 +9,7 @@ import pytest
 
 from raygen.output.stats import StatsAccumulator
 from raygen.output.summary import summarize
-from raygen.verify.stats import pass_at_k
+from raygen.output.verify_stats import pass_at_k
 
 
 def brute_pass_at_k(outcomes: list[bool], k: int) -> float:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from raygen.config import FilterConfig
+from raygen.eval.rewards import rewards_section
 from raygen.output.merge import merge_run
-from raygen.verify.report import rewards_section
 from tests.verify.test_merge_filters import write_run
 
 

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from raygen.input.validate import scan_dataset
-from raygen.verify.spec import VerifySpec
+from raygen.input.verify_spec import VerifySpec
 from tests.verify.helpers import TASKS
 
 

@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from raygen.envs import EnvSpec, create_environment
+from raygen.formats.records import Artifact, Trajectory
 from raygen.input.validate import iter_samples
+from raygen.input.verify_spec import VerifySpec
 from raygen.output.merge import MergeResult, choose_finals
 from raygen.output.run_dir import RunDir
 from raygen.output.shards import RecordReader, ShardScanStats, ShardWriter
-from raygen.records import Artifact, Trajectory
-from raygen.run_commands import read_run_config, remerge
+from raygen.run.folder_commands import read_run_config, remerge
 from raygen.verify.grader import VerifyError, grade
-from raygen.verify.spec import VerifySpec
 
 
 @dataclass

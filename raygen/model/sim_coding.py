@@ -1,7 +1,7 @@
 """The simulator's coding script, for verified tasks: prompts that ask for a Python file.
 
 Opt-in with ``sim.solutions_file`` (without it every prompt keeps the probe script of
-``raygen.sim.policy``). A prompt in the form of ``../shared/datasets/verified-tasks.jsonl``
+``raygen.model.sim_policy``). A prompt in the form of ``../shared/datasets/verified-tasks.jsonl``
 ("Complete this Python function ... Write the whole function ... to solution.py ...:\\n\\n<code>") gets
 a three-step session: write the file, import it in the shell (the agent "tests it"), answer. What it
 writes decides the reward:
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raygen.config import SimConfig
+from raygen.model.configs import SimConfig
 
 _TARGET = re.compile(r"\bto (?P<path>[\w][\w./-]*\.py)\b")
 _CODE_START = ":\n\n"

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raygen.errors import RETRYABLE, failure_kind, is_failure_status
+from raygen.formats.records import Trajectory
 from raygen.input.rows import Sample
 from raygen.output.shards import iter_shard_records
 from raygen.output.summary import summarize
-from raygen.records import Trajectory
 
 log = logging.getLogger(__name__)
 

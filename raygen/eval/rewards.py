@@ -6,7 +6,7 @@ from typing import Any
 
 from raygen.eval import svg
 from raygen.eval.html import figure, num, pct, section, table
-from raygen.verify.stats import HISTOGRAM_BINS, reward_buckets
+from raygen.output.verify_stats import HISTOGRAM_BINS, reward_buckets
 
 
 def rewards_section(stats: dict[str, Any]) -> str:

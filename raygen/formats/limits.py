@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from raygen.records import Trajectory
+from raygen.formats.records import Trajectory
 
 LARGE_ARGUMENT_CHARS = 1_000_000
 """Tool-call arguments longer than this are stored once, in ``messages``; the ShareGPT ``conversations``

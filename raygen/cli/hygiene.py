@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from raygen.cli_options import ConfigSources
+from raygen.cli.options import ConfigSources
 from raygen.config import HygieneConfig
 from raygen.configfile import Source
 from raygen.errors import ConfigError, InputError

@@ -14,8 +14,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from raygen.session.limits import stored_arguments
-from raygen.session.reasoning import split_reasoning
+from raygen.formats.limits import stored_arguments
+from raygen.formats.reasoning import split_reasoning
 
 
 def _maybe_json(text: Any) -> Any:

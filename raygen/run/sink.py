@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from raygen.config import RunConfig
-from raygen.ledger import Ledger
 from raygen.output.filters import classify
 from raygen.output.shards import RollingShardWriter
 from raygen.output.stats import StatsAccumulator
 from raygen.output.summary import SessionSummary
-from raygen.reporting import Progress, RunReporter
+from raygen.run.ledger import Ledger
+from raygen.run.reporter import Progress, RunReporter
 
 
 class ResultSink:

@@ -1,6 +1,6 @@
 """What a run tells its user while it works, as calls on a ``RunReporter``: the library reports, the
 front end renders. ``raygen run`` passes the CLI's ``ConsoleReporter`` (rich, on stderr); code that calls
-``raygen.runner.run`` itself gets this base class, which writes every report to the ``raygen`` logger.
+``raygen.run.driver.run`` itself gets this base class, which writes every report to the ``raygen`` logger.
 
 No module of the library prints: a new message is one more ``note``/``warning`` call, or a new method
 here with a logging default when it carries data a front end may want to render (a report, a table).

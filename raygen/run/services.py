@@ -16,11 +16,11 @@ from pydantic import SecretStr
 
 from raygen.config import RunConfig
 from raygen.distributed.plan import WorkerPlan
-from raygen.drain import children_ignore_sigint
 from raygen.envs import environment_class
-from raygen.generation import Generation, RunSecrets
-from raygen.model.endpoint import model_endpoint
-from raygen.reporting import RunReporter
+from raygen.run.drain import children_ignore_sigint
+from raygen.run.endpoint import model_endpoint
+from raygen.run.generation import Generation, RunSecrets
+from raygen.run.reporter import RunReporter
 
 
 @dataclass

@@ -19,8 +19,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from raygen.config import SimConfig
-from raygen.sim.coding import coding_step
+from raygen.model.configs import SimConfig
+from raygen.model.sim_coding import coding_step
 
 NONEXISTENT_MODEL_PREFIX = "nonexistent"
 """Model names starting with this are unknown to the simulator (HTTP 404; for failure-path tests)."""
@@ -301,7 +301,7 @@ def respond(request: dict[str, Any], cfg: SimConfig) -> PolicyReply:
     else:
         visible, reasoning = None, _REASONING[action]
     coding = coding_step(prompt, offered, [name for name, _, _ in history.calls], cfg, request.get("seed"))
-    if coding is not None:  # a "write solution.py" task replaces the probe script (raygen.sim.coding)
+    if coding is not None:  # a "write solution.py" task replaces the probe script (raygen.model.sim_coding)
         calls, visible, reasoning = coding.calls, coding.visible, coding.reasoning
         decision.update(coding.decision)
 

@@ -9,10 +9,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from raygen.cli.progress import RunProgress
 from raygen.hygiene.scan import HygieneReport
 from raygen.input.validate import DatasetReport
-from raygen.progress import RunProgress
-from raygen.reporting import RunReporter
+from raygen.run.reporter import RunReporter
 
 
 class ConsoleReporter(RunReporter):
@@ -29,7 +29,7 @@ class ConsoleReporter(RunReporter):
             self.warning(notice)
 
     def hygiene_checked(self, report: HygieneReport, *, refused: bool) -> None:
-        from raygen.hygiene.commands import print_hygiene
+        from raygen.cli.hygiene import print_hygiene
 
         if report.has_findings and not refused:
             print_hygiene(report, self.console)
@@ -50,7 +50,7 @@ class ConsoleReporter(RunReporter):
 
 def summary_rows(stats: dict[str, Any]) -> list[tuple[str, Any]]:
     """The rows of the summary table of a merge's ``statistics.json``."""
-    from raygen.verify.commands import verification_rows
+    from raygen.cli.verify import verification_rows
 
     counts = stats.get("counts", {})
     rows: list[tuple[str, Any]] = [("total", counts.get("total", 0)), ("kept", counts.get("kept", 0))]
@@ -76,7 +76,7 @@ def print_counts(stats: dict[str, Any], title: str, console: Console) -> None:
 
 def print_run_summary(result: Any, console: Console) -> None:
     """What ``raygen run`` shows at the end: the counts, the tools, the rewards, where the data is."""
-    from raygen.verify.commands import verification_table
+    from raygen.cli.verify import verification_table
 
     stats = result.merge.stats
     print_counts(stats, f"run {result.run_dir.name}", console)

@@ -17,10 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from raygen.config import RunConfig
-from raygen.drain import Drain
 from raygen.envs import environment_class
 from raygen.errors import ConfigError, InputError
-from raygen.generation import Generation, RunSecrets, resume_check
 from raygen.hygiene import (
     HygieneReport,
     count_secret_leaks,
@@ -29,7 +27,6 @@ from raygen.hygiene import (
 )
 from raygen.input.rows import Sample
 from raygen.input.validate import DatasetReport, iter_samples, scan_dataset
-from raygen.ledger import Ledger, worker_lost_record
 from raygen.output.hermes import hermes_options
 from raygen.output.manifest import build_manifest, utc_now
 from raygen.output.merge import MergeResult, merge_run
@@ -37,10 +34,13 @@ from raygen.output.run_dir import MANIFEST_FILE, SHARDS_DIR, STATISTICS_FILE, Ru
 from raygen.output.run_lock import RunLock
 from raygen.output.summary import summarize
 from raygen.output.writable import check_output_folder, check_run_name
-from raygen.reporting import RunReporter
-from raygen.run_services import RunServices, run_services
-from raygen.sink import ResultSink
-from raygen.verify.prepare import prepare_dataset
+from raygen.run.drain import Drain
+from raygen.run.generation import Generation, RunSecrets, resume_check
+from raygen.run.ledger import Ledger, worker_lost_record
+from raygen.run.reporter import RunReporter
+from raygen.run.services import RunServices, run_services
+from raygen.run.sink import ResultSink
+from raygen.run.verify_prepare import prepare_dataset
 
 log = logging.getLogger(__name__)
 

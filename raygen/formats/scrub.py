@@ -11,11 +11,18 @@ import json
 import os
 from collections.abc import Mapping
 
-from raygen.envs.host import looks_secret
-from raygen.records import Trajectory
+from raygen.formats.records import Trajectory
 
 REDACTED = "[REDACTED]"
 _MIN_SECRET_LEN = 6  # shorter values would redact ordinary words
+
+SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+
+
+def looks_secret(name: str) -> bool:
+    """True for variable names that usually hold credentials (``OPENAI_API_KEY``, ``GH_TOKEN``, ...)."""
+    upper = name.upper()
+    return any(part in upper for part in SECRET_NAME_PARTS)
 
 
 class Scrubber:
@@ -43,6 +50,6 @@ class Scrubber:
 
 def worker_secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     """Values of this process's variables named like credentials (``*KEY*``, ``*TOKEN*``, ``*SECRET*``,
-    ...; see ``raygen.envs.host.looks_secret``): redacted like the API key wherever a session runs."""
+    ...; see ``raygen.formats.scrub.looks_secret``): redacted like the API key wherever a session runs."""
     environ = os.environ if environ is None else environ
     return [value for name, value in environ.items() if value and looks_secret(name)]

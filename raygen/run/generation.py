@@ -16,8 +16,8 @@ from typing import Any
 from raygen.config import RunConfig, fingerprint
 from raygen.errors import ConfigError
 from raygen.hygiene.leaks import host_secret_values
-from raygen.model.endpoint import endpoint_label
 from raygen.model.provider_options import request_options
+from raygen.run.endpoint import endpoint_label
 from raygen.tools.distributions import BoundDistribution, load_distribution
 from raygen.tools.registry import ToolRegistry, load_registry
 

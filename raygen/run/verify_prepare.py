@@ -1,4 +1,4 @@
-"""What the driver does for verified runs before the first model call (one hook in ``raygen.runner``):
+"""What the driver does for verified runs before the first model call (one hook in ``raygen.run.driver``):
 read a Harbor tasks folder as a prompts file (building its images), and warn about settings that make
 several samples per prompt pointless."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from raygen.errors import InputError
-from raygen.reporting import RunReporter
+from raygen.run.reporter import RunReporter
 
 
 def prepare_dataset(config: Any, dataset: Path, reporter: RunReporter) -> Path:

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from raygen.errors import ConfigError, InputError
-from raygen.verify.stats import reward_buckets
+from raygen.output.verify_stats import reward_buckets
 
 err = Console(stderr=True)
 
@@ -78,7 +78,7 @@ def rescore(
 ) -> None:
     """Grade the stored artifacts of every verified session again with the dataset's current checks (no
     model call), then re-merge: after fixing a flaky test or a verifier bug."""
-    from raygen.verify.rescore import rescore as rescore_run
+    from raygen.run.rescore import rescore as rescore_run
 
     try:
         result = rescore_run(run_dir, dataset=dataset, concurrency=concurrency)

@@ -13,7 +13,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from raygen.reporting import Progress as PassProgress
+from raygen.run.reporter import Progress as PassProgress
 
 
 class RunProgress(PassProgress):

@@ -1,4 +1,4 @@
-"""The ``raygen`` command. It only turns flags into a RunConfig and calls the library (raygen.runner and
+"""The ``raygen`` command. It only turns flags into a RunConfig and calls the library (raygen.run.driver and
 friends); anything worth testing lives there."""
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from raygen.cli_options import (
+from raygen.cli import eval as eval_commands
+from raygen.cli import hygiene as hygiene_commands
+from raygen.cli import verify as verify_commands
+from raygen.cli.console import ConsoleReporter, print_counts, print_run_summary
+from raygen.cli.options import (
     BestOf,
     ConfigSources,
     DatasetArg,
@@ -43,13 +47,12 @@ from raygen.cli_options import (
     ToolsetPlugins,
     flag_overrides,
 )
-from raygen.cli_report import ConsoleReporter, print_counts, print_run_summary
+from raygen.cli.verify import verification_table
 from raygen.configfile import load_config
-from raygen.drain import EXIT_RESUMABLE, StopNow
 from raygen.errors import ConfigError, InputError
 from raygen.output.storage import StorageError
 from raygen.output.writable import storage_failure
-from raygen.verify.commands import verification_table
+from raygen.run.drain import EXIT_RESUMABLE, StopNow
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Generate tool-using agent trajectories on Ray."
@@ -162,7 +165,7 @@ def run(
     Any config field without a flag: -c key.path=value (docs/configuration.md), e.g.
     -c sampling.temperature=0.7 -c session.system_prompt_file=system.txt -c model.type=scripted."""
     overrides = flag_overrides(run, locals())
-    from raygen.runner import run as run_job
+    from raygen.run.driver import run as run_job
 
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s"
@@ -219,7 +222,7 @@ def validate(
 ) -> None:
     """Check every line of DATASET (exit 1 with file:line: field: message for each problem), and report
     secrets, personal data and eval-set overlap found in the prompts (warnings, values masked)."""
-    from raygen.hygiene.commands import print_hygiene, validate_hygiene
+    from raygen.cli.hygiene import print_hygiene, validate_hygiene
     from raygen.input.validate import scan_dataset
     from raygen.tools.registry import load_registry
 
@@ -276,7 +279,7 @@ def merge(
     """Re-run the filtered merge from the shards (no model calls), e.g. with other filters or
     --format hermes."""
     overrides = flag_overrides(merge, locals()).get("filters", {})
-    from raygen.run_commands import remerge
+    from raygen.run.folder_commands import remerge
 
     try:
         result = remerge(run_dir, overrides, output_format=output_format)
@@ -290,7 +293,7 @@ def merge(
 @app.command()
 def status(run_dir: RunDirArg) -> None:
     """Accounting of a run: total = kept + rejected + failed + pending."""
-    from raygen.run_commands import run_status
+    from raygen.run.folder_commands import run_status
 
     try:
         st = run_status(run_dir)
@@ -306,7 +309,7 @@ def status(run_dir: RunDirArg) -> None:
 def clean(run_dir: RunDirArg) -> None:
     """Remove containers and sandboxes a killed run left on this node."""
     from raygen.envs import environment_class
-    from raygen.run_commands import read_run_config
+    from raygen.run.folder_commands import read_run_config
 
     try:
         config = read_run_config(run_dir)
@@ -353,22 +356,9 @@ def sim_serve(
     asyncio.run(serve_forever(cfg, lambda url: err.print(f"simulator listening on {url}")))
 
 
-def _register_extensions() -> None:
-    """Commands that live with their feature (e.g. ``raygen.eval.commands``) register themselves here,
-    so each feature's CLI stays next to its code and this module stays a thin router."""
-    import importlib
-
-    for module in _EXTENSIONS:
-        try:
-            importlib.import_module(module).register(app)
-        except ModuleNotFoundError as exc:
-            # Only "this extension is not there" is skipped; a missing dependency inside it is an error.
-            if not (exc.name and (module == exc.name or module.startswith(exc.name + "."))):
-                raise
-
-
-_EXTENSIONS: list[str] = ["raygen.eval.commands", "raygen.hygiene.commands", "raygen.verify.commands"]
-_register_extensions()
+# The commands that live in their own module of this package (report/sample/compare, hygiene, rescore).
+for _commands in (eval_commands, hygiene_commands, verify_commands):
+    _commands.register(app)
 
 
 if __name__ == "__main__":  # pragma: no cover
