@@ -50,6 +50,11 @@ class ConfigError(RaygenError):
     """The configuration is invalid or refers to something that does not exist."""
 
 
+class RecordFormatError(ConfigError):
+    """A run folder holds records of a newer format than this raygen reads (a ConfigError: every command
+    reports it in one line and exits 2)."""
+
+
 class InputError(RaygenError):
     """The prompts file has invalid rows; ``problems`` lists them all (file, line, field)."""
 

@@ -10,6 +10,24 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from raygen.errors import RecordFormatError
+
+FORMAT_VERSION = 1
+"""The record format this raygen writes and the newest it reads. Raised when a field changes meaning or
+goes away (added fields do not need it: readers ignore fields they do not know). Records written before
+the field existed carry none and are version 1."""
+
+
+def check_format_version(record: dict[str, Any], where: str) -> None:
+    """Refuse, in one line, a record written by a newer raygen: reading it with this one's idea of the
+    fields would silently mis-merge or mis-report it."""
+    version = record.get("format_version", 1)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise RecordFormatError(
+            f"{where}: record format_version {version!r} is newer than this raygen reads "
+            f"({FORMAT_VERSION}); upgrade raygen to read this run"
+        )
+
 
 class ToolStat(BaseModel):
     count: int = 0
@@ -106,6 +124,8 @@ class TurnInfo(BaseModel):
 
 
 class Trajectory(BaseModel):
+    format_version: int = FORMAT_VERSION
+    """The record format (``FORMAT_VERSION``); readers refuse a newer one."""
     id: str
     """The row's ``id``, else its stable content key."""
     sample_key: str

@@ -46,6 +46,7 @@ TURN_INFO = pa.struct([pa.field("finish_reason", pa.string()), pa.field("provide
 
 SCHEMA = pa.schema(
     [
+        pa.field("format_version", pa.int64(), nullable=False),
         pa.field("id", pa.string(), nullable=False),
         pa.field("sample_key", pa.string(), nullable=False),
         pa.field("prompt_index", pa.int64(), nullable=False),
@@ -137,6 +138,7 @@ def to_row(record: dict[str, Any]) -> dict[str, Any]:
     sample_key = record["sample_key"]
     category, error = record.get("category"), record.get("error")
     return {
+        "format_version": int(record.get("format_version", 1)),
         "id": str(record.get("id") or sample_key),
         "sample_key": sample_key,
         "prompt_index": int(record["prompt_index"]),
