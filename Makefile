@@ -39,6 +39,7 @@ engines: system-deps
 lint: setup
 	$(BIN)/ruff check raygen tests bench
 	$(BIN)/ruff format --check raygen tests bench
+	$(BIN)/mypy
 
 # Tests that start Ray run in a loopback-only network namespace (Ray probes the network at start-up).
 # The suite mostly waits (Ray start-up, containers, subprocess runs), so it runs in TEST_WORKERS processes;

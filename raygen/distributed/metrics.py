@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ray.util.metrics import Counter, Gauge
 
-from raygen.model.gate import RateGate
+from raygen.model.gate import Permit, RateGate
 
 _FLUSH_S = 1.0
 """A session actor's counts and gauges go to Ray at most this often."""
@@ -136,12 +137,12 @@ class MeteredGate:
         self._inner = inner
         self._metrics = metrics
 
-    async def acquire(self, est_tokens: int) -> Any:
+    async def acquire(self, est_tokens: int) -> Permit:
         permit = await self._inner.acquire(est_tokens)
         self._metrics.request(+1)
         return permit
 
-    def release(self, permit: Any, **outcome: Any) -> None:
+    def release(self, permit: Permit, **outcome: Any) -> None:
         self._metrics.request(-1)
         self._metrics.outcome(
             outcome.get("status"), outcome.get("prompt_tokens", 0), outcome.get("completion_tokens", 0)
@@ -172,7 +173,7 @@ class GovernorMetrics:
         }
         self._next = 0.0
 
-    def maybe_export(self, snapshot: Any) -> None:
+    def maybe_export(self, snapshot: Callable[[], Mapping[str, float | None]]) -> None:
         """Set the gauges from ``snapshot()`` (a callable, called only when due)."""
         now = time.monotonic()
         if now < self._next:

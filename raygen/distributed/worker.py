@@ -15,9 +15,11 @@ import dataclasses
 import gc
 import json
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
+from ray.actor import ActorHandle
 
 from raygen.distributed.control_link import ControlLink
 from raygen.distributed.governor import gate_for
@@ -33,7 +35,7 @@ from raygen.tools.registry import load_registry
 
 
 class SessionWorker:
-    def __init__(self, plan: WorkerPlan, control: Any):
+    def __init__(self, plan: WorkerPlan, control: ActorHandle):
         self.control = ControlLink(control)
         cfg = plan.config
         self.node = ray.get_runtime_context().get_node_id()
@@ -108,7 +110,7 @@ class SessionWorker:
             self.slots.release()
         return True
 
-    async def __call__(self, batch: dict[str, Any]):
+    async def __call__(self, batch: dict[str, Any]) -> AsyncIterator[dict[str, list[int]]]:
         use_pidfd_child_watcher()  # this loop starts every command of this actor's sessions
         handed_over: list[asyncio.Future[None]] = []
         ran = await asyncio.gather(*(self._one(str(t), handed_over) for t in batch["text"]))

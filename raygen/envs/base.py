@@ -19,7 +19,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import ClassVar, Generic, Self, TypeVar
+
+from raygen.config_section import Section
 
 
 @dataclass
@@ -52,7 +54,11 @@ class ExecResult:
     duration_s: float = 0.0
 
 
-class Environment(ABC):
+ConfigT = TypeVar("ConfigT", bound=Section)
+"""The backend's own config section (``DockerEnvConfig`` for ``DockerEnvironment``, ...)."""
+
+
+class Environment(ABC, Generic[ConfigT]):
     backend: ClassVar[str] = ""
     runs_on_node: ClassVar[bool] = True
     """Whether sessions' sandboxes use the node their actor runs on (processes, containers, instances).
@@ -67,7 +73,7 @@ class Environment(ABC):
     # --- class-level hooks: the backend as a whole, not one session ------------------------------------
 
     @classmethod
-    async def prepare(cls, config: Any, images: Iterable[str | None]) -> dict[str, str | None]:
+    async def prepare(cls, config: ConfigT, images: Iterable[str | None]) -> dict[str, str | None]:
         """Image pre-flight, before any model call: per image, None if sessions can use it, else a message
         saying why not (those rows fail without running). ``None`` among ``images`` (rows naming no image)
         stands for the backend's default image, checked too and reported under its own name.
@@ -78,21 +84,21 @@ class Environment(ABC):
         return dict.fromkeys(image for image in images if image)
 
     @classmethod
-    def build_images(cls, config: Any, contexts: Mapping[str, Path]) -> dict[str, str | None]:
+    def build_images(cls, config: ConfigT, contexts: Mapping[str, Path]) -> dict[str, str | None]:
         """Build each image tag from its build context (a folder with a Dockerfile), skipping tags that
         exist; per tag None or why the build failed. Blocking; before any model call. Default: the backend
         builds nothing (its pre-flight then reports images it cannot find)."""
         return dict.fromkeys(contexts)
 
     @classmethod
-    def reap(cls, config: Any, run_name: str | None) -> int:
+    def reap(cls, config: ConfigT, run_name: str | None) -> int:
         """Remove what sessions of ``run_name`` (of every run when None) left on this node after a killed
         worker or driver; returns how many were removed. Blocking; for ``raygen clean`` and the start and
         end of a run. Default: nothing outlives a session (0)."""
         return 0
 
     @classmethod
-    def confines_destructive_rows(cls, config: Any) -> bool:
+    def confines_destructive_rows(cls, config: ConfigT) -> bool:
         """Whether a row marked ``needs_isolation`` cannot harm the host with this configuration (a
         backend whose confinement is optional decides from ``config``). Default: ``confined``."""
         return cls.confined

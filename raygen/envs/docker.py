@@ -93,7 +93,7 @@ def _close_stream(stream: Any) -> None:
         stream.close()
 
 
-class DockerEnvironment(Environment):
+class DockerEnvironment(Environment[DockerEnvConfig]):
     """One session's container (see the module docstring for the guarantees and how timeouts kill)."""
 
     backend = "docker"

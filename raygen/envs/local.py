@@ -136,7 +136,7 @@ def _warn_once(kind: str, message: str, *args: object) -> None:
         log.warning(message, *args)
 
 
-class LocalEnvironment(Environment):
+class LocalEnvironment(Environment[LocalEnvConfig]):
     """One session's private workdir on this host (see the module docstring for what it guarantees)."""
 
     backend = "local"

@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import openai
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+if TYPE_CHECKING:
+    import httpx  # the openai SDK's transport types
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from raygen.errors import SessionFailure
 from raygen.model.base import ChatModel, Completion, request_seed
@@ -33,7 +43,7 @@ class _Transient(Exception):
         self.kind, self.detail, self.retry_after = kind, detail, retry_after
 
 
-def _retry_after(headers: Any) -> float | None:
+def _retry_after(headers: Mapping[str, str] | None) -> float | None:
     if headers is None:
         return None
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
@@ -76,7 +86,7 @@ _UNSET_CONNECTIONS = 256
 """Connections when neither the config nor the caller sets them (a SessionWorker always does)."""
 
 
-def connection_limits(max_connections: int) -> Any:
+def connection_limits(max_connections: int) -> httpx.Limits:
     """The SDK's own ``Limits`` type (from httpx or its successor, whichever this openai release uses),
     every connection kept alive: a worker's sessions reuse them turn after turn."""
     limits_type = type(openai.DEFAULT_CONNECTION_LIMITS)
@@ -176,8 +186,9 @@ class OpenAIChatModel(ChatModel):
     def _wait_after(self, attempt_number: int, exc: BaseException | None) -> float:
         """Seconds before the attempt after ``attempt_number`` (1-based) failed with ``exc``: jittered
         exponential backoff, or the provider's Retry-After if that is longer, capped."""
+        # tenacity's wait strategies read only ``attempt_number`` of the retry state.
         backoff = wait_random_exponential(multiplier=0.5, max=self.config.retry_max_wait_s)(
-            SimpleNamespace(attempt_number=attempt_number)
+            cast(RetryCallState, SimpleNamespace(attempt_number=attempt_number))
         )
         hint = getattr(exc, "retry_after", None)
         return min(self.config.retry_max_wait_s, max(backoff, hint or 0.0))

@@ -103,7 +103,7 @@ def is_slow(prompt_text: str, cfg: SimConfig) -> bool:
     return _unit(digest, 0) < cfg.slow_rate
 
 
-def message_text(content: Any) -> str:
+def message_text(content: object) -> str:
     """Text of a message ``content``: a string, a list of content parts, or None."""
     if isinstance(content, str):
         return content
@@ -332,7 +332,7 @@ def respond(request: dict[str, Any], cfg: SimConfig) -> PolicyReply:
     return _within_token_limit(reply, request.get("max_tokens") or request.get("max_completion_tokens"))
 
 
-def _within_token_limit(reply: PolicyReply, max_tokens: Any) -> PolicyReply:
+def _within_token_limit(reply: PolicyReply, max_tokens: object) -> PolicyReply:
     """A reply longer than the request's ``max_tokens`` is cut as providers cut it: the text stops at the
     limit, the tool calls are lost and ``finish_reason`` is ``length``."""
     if not isinstance(max_tokens, int) or reply.completion_tokens <= max_tokens:

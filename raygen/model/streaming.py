@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from openai.types.chat import ChatCompletion
+from openai import AsyncStream
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
 
@@ -27,11 +28,11 @@ class _Assembly:
         self.finish_reason: str | None = None
         self.usage: Any = None
 
-    def add(self, chunk: Any) -> None:
+    def add(self, chunk: ChatCompletionChunk) -> None:
         if not self.head:
             self.head = {"id": chunk.id, "created": chunk.created, "model": chunk.model}
-            if (chunk.model_extra or {}).get("provider"):  # OpenRouter names the upstream provider
-                self.head["provider"] = chunk.model_extra["provider"]
+            if provider := (chunk.model_extra or {}).get("provider"):  # OpenRouter names the upstream one
+                self.head["provider"] = provider
         if chunk.usage is not None:
             self.usage = chunk.usage.model_dump()
         for choice in chunk.choices or ():
@@ -71,7 +72,7 @@ class _Assembly:
         return ChatCompletion.model_validate(body)
 
 
-async def assemble(stream: Any, idle_timeout_s: float) -> ChatCompletion:
+async def assemble(stream: AsyncStream[ChatCompletionChunk], idle_timeout_s: float) -> ChatCompletion:
     """Read ``stream`` (the SDK's ``AsyncStream`` of chunks) to its end; see the module docstring."""
     assembly = _Assembly()
     chunks = stream.__aiter__()

@@ -73,7 +73,7 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _json_type_name(value: Any) -> str:
+def _json_type_name(value: object) -> str:
     # bool before integer: True is an int in Python but never a number in JSON schema
     if value is None:
         return "null"
@@ -83,7 +83,7 @@ def _json_type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def check_arguments(parameters: dict[str, Any], args: Any) -> str | None:
+def check_arguments(parameters: dict[str, Any], args: object) -> str | None:
     """Check ``args`` against a flat JSON schema (required keys, top-level types); None when valid.
 
     The message is meant for the model, e.g. ``"missing required argument 'path'"``. An optional argument
