@@ -185,6 +185,28 @@ def scan_text(text: str, config: HygieneConfig) -> Iterator[tuple[str, str, str]
                 yield PII, pii.kind, mask_pii(pii.kind, text[pii.start : pii.end])
 
 
+class _ShortTextMemo:
+    """``scan_text`` remembered for the short strings beside the prompt: metadata values (categories,
+    difficulties, sources), ``cwd`` and ``env`` values repeat on most rows of a prompts file, and each
+    costs as much to scan as a short prompt. (Prompts are scanned each time: they rarely repeat.)"""
+
+    MAX_CHARS, MAX_ENTRIES = 200, 50_000
+
+    def __init__(self, config: HygieneConfig):
+        self.config = config
+        self.seen: dict[str, list[tuple[str, str, str]]] = {}
+
+    def scan(self, text: str) -> list[tuple[str, str, str]]:
+        if len(text) > self.MAX_CHARS:
+            return list(scan_text(text, self.config))
+        found = self.seen.get(text)
+        if found is None:
+            found = list(scan_text(text, self.config))
+            if len(self.seen) < self.MAX_ENTRIES:
+                self.seen[text] = found
+        return found
+
+
 def iter_valid_rows(path: Path, limit: int | None = None) -> Iterator[tuple[int, PromptRow]]:
     """``(line, row)`` of the valid rows of a prompts file, the first ``limit`` of them if given."""
     try:
@@ -227,13 +249,15 @@ def scan_hygiene(
         index = EvalIndex.from_file(config.eval_set, config.eval_field, config.near_duplicate_threshold)
         report.eval_set, report.eval_rows = str(config.eval_set), index.rows
     skip_env = set(secret_env)
+    memo = _ShortTextMemo(config)
     rules = default_rules()
     unsafe: Counter[str] = Counter()
     for line, row in iter_valid_rows(path, limit):
         report.rows += 1
         before = report.finding_count + report.overlap_count
         for where, text in _row_strings(row, skip_env):
-            for category, kind, masked in scan_text(text, config):
+            found = scan_text(text, config) if where == "prompt" else memo.scan(text)
+            for category, kind, masked in found:
                 report.add_finding(HygieneFinding(str(path), line, where, category, kind, masked))
         if index is not None and (match := index.match(row.prompt)) is not None:
             report.add_overlap(OverlapFinding(str(path), line, match.kind, match.eval_line, match.similarity))
