@@ -169,6 +169,10 @@ class EnvProcess(ABC):
     def exited(self) -> bool:
         """Whether the process has ended."""
 
+    def exit_code(self) -> int | None:
+        """How it ended, where the backend knows (None while it runs or when unknown)."""
+        return None
+
     @abstractmethod
     async def close(self) -> None:
         """Stop it and everything it started."""

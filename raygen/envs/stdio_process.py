@@ -110,6 +110,9 @@ class HostProcess(EnvProcess):
     def exited(self) -> bool:
         return self.process.returncode is not None
 
+    def exit_code(self) -> int | None:
+        return self.process.returncode
+
     async def close(self) -> None:
         if self._closed:
             return

@@ -67,6 +67,8 @@ class McpConnection:
         self._lost: str | None = None
         self._stop = asyncio.Event()
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Read by open(); a failure after nobody waits any more must not be logged as never retrieved.
+        self._ready.add_done_callback(lambda done: done.cancelled() or done.exception())
         self._owner: asyncio.Task[None] | None = None
 
     @classmethod
@@ -98,14 +100,16 @@ class McpConnection:
                 self.session = await stack.enter_async_context(ClientSession(read, write))
                 initialized = await self.session.initialize()
                 info = initialized.server_info
-                self.listing = McpListing(f"{info.name} {info.version}", await self._list_tools())
+                self.listing = McpListing(
+                    f"{info.name} {info.version or ''}".strip(), await self._list_tools()
+                )
                 self._ready.set_result(None)
                 await self._stop.wait()
         except BaseException as exc:
             if not self._ready.done():
-                self._ready.set_exception(
-                    exc if isinstance(exc, SessionFailure) else self.lost(_describe(exc))
-                )
+                if not isinstance(exc, SessionFailure):
+                    exc = self.lost(self._ended() if self._gone() else f"did not start: {_describe(exc)}")
+                self._ready.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
 
@@ -174,7 +178,7 @@ class McpConnection:
         except Exception as exc:
             if _is_protocol_error(exc) and not self._gone():
                 raise
-            self._lost = "ended" if self._gone() else f"failed: {_describe(exc)}"
+            self._lost = self._ended() if self._gone() else f"failed: {_describe(exc)}"
             raise self.lost(self._lost) from None
 
     async def _answers_ping(self) -> bool:
@@ -188,20 +192,30 @@ class McpConnection:
     def _gone(self) -> bool:
         return self.process is not None and self.process.exited()
 
+    def _ended(self) -> str:
+        code = self.process.exit_code() if self.process is not None else None
+        if code == 127:
+            return "ended at once with exit code 127: its command was not found in the environment"
+        return "ended" if code is None else f"ended (exit code {code})"
+
     async def close(self) -> None:
         """Stop the connection and the server's processes; idempotent, safe after a failed open."""
         self._stop.set()
         if self._owner is None:
             return
         owner, self._owner = self._owner, None
+        if not self._ready.done() or self._ready.exception() is not None:
+            owner.cancel()  # still starting (or hung in initialize): nothing waits for the stop signal
         try:
             async with asyncio.timeout(10):
                 await asyncio.shield(owner)
-        except (TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError) as exc:
             owner.cancel()
             if self.process is not None:
                 await self.process.close()
-            raise
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            log.warning("MCP server %s: closing took over 10 s; its process was stopped", self.name)
         except Exception:
             log.debug("MCP server %s: closing failed", self.name, exc_info=True)
 

@@ -85,9 +85,8 @@ def mcp_result(result: Any) -> ToolResult:
         if kind == "text":
             parts.append(item.text)
         elif kind in ("image", "audio"):
-            parts.append(
-                f"[{kind} {item.mime_type}, {len(item.data) * 3 // 4} bytes: not shown, text-only transcript]"
-            )
+            size = len(item.data) * 3 // 4 - item.data[-2:].count("=")  # base64
+            parts.append(f"[{kind} {item.mime_type}, {size} bytes: not shown, text-only transcript]")
         elif kind == "resource_link":
             parts.append(f"[resource {item.uri}]")
         elif kind == "resource":
