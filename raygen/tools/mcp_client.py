@@ -158,7 +158,7 @@ class McpConnection:
             if tail:
                 detail += f"; stderr: ...{tail[-300:]}"
         if self._junk:
-            detail += f"; it also wrote non-protocol lines to stdout, last: {self._junk[-1][:120]!r}"
+            detail += f"; it also wrote non-protocol lines to stdout, last: {self._junk[-1][:200]!r}"
         return SessionFailure("mcp_server_lost", detail)
 
     async def call(self, tool: str, arguments: dict[str, Any], timeout_s: float) -> Any:
