@@ -49,7 +49,7 @@ DOCKER_IMAGE = "raygen-test/mcp"
 LOCAL_SERVER = McpServerConfig(
     command=sys.executable, args=["-m", "mcp_server_time", "--local-timezone", "UTC"]
 )
-DOCKER_SERVER = McpServerConfig(command="mcp-server-time", args=UTC)
+DOCKER_SERVER = McpServerConfig(command="mcp-server-time", args=["--local-timezone", "UTC"])
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
