@@ -110,3 +110,29 @@ async def test_backends_without_processes_refuse_stdio_servers_clearly():
     env = create_environment(ModalEnvConfig(), EnvSpec(session_key="k"))
     with pytest.raises(ConfigError, match=r"env.type=modal cannot run a stdio MCP server"):
         await env.open_process(["x"], {}, None)
+
+
+def test_harbor_task_mcp_servers_become_the_rows_servers(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from raygen.verify.harbor import read_task
+
+    task = tmp_path / "with-mcp"
+    shutil.copytree(Path(__file__).parents[1] / "data" / "harbor" / "add-numbers", task)
+    toml = (task / "task.toml").read_text()
+    toml += (
+        '\n[[environment.mcp_servers]]\nname = "time"\ntransport = "stdio"\ncommand = "mcp-server-time"\n'
+        '\n[[environment.mcp_servers]]\nname = "remote"\ntransport = "streamable-http"\n'
+        'url = "http://mcp-server:8000/mcp"\n'
+    )
+    (task / "task.toml").write_text(toml)
+    problems: list[str] = []
+    found = read_task(task, problems)
+    assert not problems and found is not None
+    row = PromptRow.model_validate(found.row)
+    assert row.mcp_servers["time"].command == "mcp-server-time"
+    assert row.mcp_servers["remote"].transport == "http"
+    (task / "task.toml").write_text(toml.replace('"streamable-http"', '"carrier-pigeon"'))
+    problems = []
+    assert read_task(task, problems) is None and "environment.mcp_servers[1].transport" in problems[0]
