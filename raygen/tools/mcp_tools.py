@@ -17,7 +17,6 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from raygen.envs.local import DEFAULT_PATH
 from raygen.envs.processes import kill_group, kill_process_trees
 from raygen.envs.stdio_process import HostProcess
 from raygen.errors import SessionFailure
@@ -134,7 +133,7 @@ class ActorHost:
         atexit.register(self._kill_all)
 
     async def open_process(self, argv: list[str], env: dict[str, str], cwd: str | None) -> HostProcess:
-        base = {"PATH": os.environ.get("PATH", DEFAULT_PATH), "HOME": self.folder}
+        base = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "HOME": self.folder}
         where = os.path.join(self.folder, cwd.lstrip("/")) if cwd else self.folder
         os.makedirs(where, exist_ok=True)
         return await HostProcess.start(argv, env={**base, **env}, cwd=where, groups=self.groups)
