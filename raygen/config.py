@@ -35,6 +35,7 @@ from raygen.model.configs import (  # noqa: F401 (re-exported)
     SimConfig,
     SimModelConfig,
 )
+from raygen.tools.mcp_config import McpServerConfig, unwrap_servers
 
 
 class SessionConfig(_Section):
@@ -98,6 +99,37 @@ class ToolsConfig(_Section):
     """Toolset distribution: a built-in name (``raygen distributions``) or a YAML file path."""
     plugins: list[str] = Field(default_factory=list)
     """Extra toolsets as Python import paths ``package.module:attribute`` (a Toolset or a list of them)."""
+    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+    """MCP tool servers by name, as in the ``mcpServers`` object MCP clients share (``{"mcpServers":
+    {...}}`` is accepted too): each is a toolset named after it, offered to every session unless the
+    distribution or the row's ``toolsets`` name it (docs/tools.md)."""
+    mcp_config: list[str] = Field(default_factory=list)
+    """Files holding ``{"mcpServers": {...}}`` (``--mcp-config FILE``, repeatable), added to
+    ``mcp_servers``."""
+    mcp_tool_name_format: str = "{server}__{tool}"
+    """How an MCP tool is named to the model (``{server}``, ``{tool}``); characters other than letters,
+    digits, ``_`` and ``-`` become ``_``."""
+    mcp_call_timeout_s: float = Field(60.0, gt=0)
+    """Seconds one MCP tool call may take; past it the model gets a ``timeout`` tool failure (and a server
+    that then does not answer a ping ends the session with ``mcp_server_lost``)."""
+    mcp_start_timeout_s: float = Field(60.0, gt=0)
+    """Seconds a server may take to start and answer ``initialize`` and ``tools/list``."""
+
+    @field_validator("mcp_servers", mode="before")
+    @classmethod
+    def _unwrap_mcp_servers(cls, v: Any) -> Any:
+        return unwrap_servers(v, "tools.mcp_servers") if v else v
+
+    @field_validator("mcp_tool_name_format")
+    @classmethod
+    def _names_tool(cls, v: str) -> str:
+        if "{tool}" not in v:
+            raise ValueError("must contain {tool}")
+        try:
+            v.format(server="s", tool="t")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"only {{server}} and {{tool}} may be used: {exc}") from None
+        return v
 
 
 class FilterConfig(_Section):

@@ -56,7 +56,7 @@ def _models(annotation: Any) -> list[type[BaseModel]]:
 def _section(model: type[BaseModel], path: str, out: list[str]) -> None:
     title = f"`{path}`" if path else "top level"
     type_field = model.model_fields.get("type")
-    if type_field is not None and path:
+    if type_field is not None and path and type_field.default is not None:
         title += f" with `type: {type_field.default}`"
     out.append(f"\n## {title}\n")
     if model.__doc__:

@@ -28,6 +28,7 @@ FAILURE_KINDS: dict[str, str] = {
     "session_timeout": "the session ran longer than session.session_timeout_s",
     "internal": "a bug in raygen or a user tool; see the record's error field",
     "verify_error": "the row's check could not run (timeout, grading sandbox lost); never a reward of 0",
+    "mcp_server_lost": "an MCP tool server of the session did not start, died or stopped answering",
 }
 RETRYABLE: frozenset[str] = frozenset(
     {
@@ -38,6 +39,7 @@ RETRYABLE: frozenset[str] = frozenset(
         "env_lost",
         "worker_lost",
         "verify_error",
+        "mcp_server_lost",
     }
 )
 

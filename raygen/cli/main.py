@@ -92,6 +92,13 @@ def run(
         Opt(help="Toolset distribution name or YAML file \\[default]."),
         Sets("tools.distribution"),
     ] = None,
+    mcp_config: Annotated[
+        list[str] | None,
+        Opt(
+            "--mcp-config", help='MCP servers: a JSON file {"mcpServers": {...}} (repeatable; docs/tools.md).'
+        ),
+        Sets("tools.mcp_config"),
+    ] = None,
     env: Annotated[
         str | None,
         Opt("--env", help="Environment backend: local, docker, modal, singularity \\[local]."),

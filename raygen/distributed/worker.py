@@ -31,6 +31,8 @@ from raygen.model import create_model
 from raygen.output.shards import jsonl_safe
 from raygen.output.summary import summarize
 from raygen.session.agent import SessionRunner
+from raygen.tools.mcp_session import McpSettings
+from raygen.tools.mcp_tools import mcp_toolset
 from raygen.tools.registry import load_registry
 
 
@@ -55,9 +57,13 @@ class SessionWorker:
         secrets = [s.get_secret_value() for s in plan.secret_values]
         if api_key:
             secrets.append(api_key)
+        registry = load_registry(cfg.tools.plugins)
+        for listing in plan.mcp_servers:
+            registry.add(mcp_toolset(listing), origin=f"MCP server {listing.name}")
         self.runner = SessionRunner(
             model=self.model,
-            registry=load_registry(cfg.tools.plugins),
+            registry=registry,
+            mcp=McpSettings.of(cfg.tools, plan.mcp_servers, plan.mcp_env),
             env_config=cfg.env,
             session=cfg.session,
             run_name=plan.run_name,

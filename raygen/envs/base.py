@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import ClassVar, Generic, Self, TypeVar
 
 from raygen.config_section import Section
+from raygen.errors import ConfigError
 
 
 @dataclass
@@ -118,6 +119,16 @@ class Environment(ABC, Generic[ConfigT]):
     async def exec(self, command: str, timeout_s: float, max_output_chars: int) -> ExecResult:
         """Run a shell command in the session's cwd. A timeout kills the command and all its children."""
 
+    async def open_process(self, argv: list[str], env: dict[str, str], cwd: str | None) -> EnvProcess:
+        """Start a long-lived process in the session's environment with its stdin and stdout as byte
+        streams (an MCP stdio server): ``env`` is added to the session's command environment, ``cwd`` is
+        taken like a row's (default the session's cwd). Leaving its ``async with`` (or ``close``) stops
+        its whole process group; closing the environment stops it too. Default: not supported."""
+        raise ConfigError(
+            f"env.type={self.backend} cannot run a stdio MCP server in a session; use local or docker, "
+            "or an HTTP server (url)"
+        )
+
     @abstractmethod
     async def read_file(self, path: str) -> bytes:
         """Read a file (relative paths from cwd). Raises FileNotFoundError / IsADirectoryError."""
@@ -136,6 +147,42 @@ class Environment(ABC, Generic[ConfigT]):
         except BaseException:
             await self.close()
             raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class EnvProcess(ABC):
+    """A process started by ``Environment.open_process``: write to its stdin, read its stdout by lines;
+    its stderr is kept as a bounded tail for messages. ``close`` is idempotent and stops every process
+    the server started, whatever state it is in."""
+
+    @abstractmethod
+    async def write(self, data: bytes) -> None:
+        """Send bytes to its stdin; ``ConnectionError`` once it is gone."""
+
+    @abstractmethod
+    async def readline(self) -> bytes:
+        """The next line of its stdout (with the newline); ``b""`` at its end."""
+
+    @abstractmethod
+    def stderr_tail(self) -> str:
+        """The last few hundred characters it wrote to stderr (for messages)."""
+
+    @abstractmethod
+    def exited(self) -> bool:
+        """Whether the process has ended."""
+
+    def exit_code(self) -> int | None:
+        """How it ended, where the backend knows (None while it runs or when unknown)."""
+        return None
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Stop it and everything it started."""
+
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -147,6 +147,10 @@ class Trajectory(BaseModel):
     api_calls: int = 0
     toolsets_used: list[str] = Field(default_factory=list)
     tools_offered: list[str] = Field(default_factory=list)
+    mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
+    """The session's MCP servers: ``name``, ``transport``, ``placement`` (``session``, ``actor``,
+    ``remote``), ``server_info`` and the ``tools`` offered from it (their schemas are in the system
+    turn of ``conversations``)."""
     tool_stats: dict[str, ToolStat] = Field(default_factory=dict)
     """Every known tool, zero-filled."""
     tool_error_counts: dict[str, int] = Field(default_factory=dict)

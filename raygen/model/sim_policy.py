@@ -21,14 +21,16 @@ from typing import Any
 
 from raygen.model.configs import SimConfig
 from raygen.model.sim_coding import coding_step
+from raygen.model.sim_explore import exploration_calls
 
 NONEXISTENT_MODEL_PREFIX = "nonexistent"
 """Model names starting with this are unknown to the simulator (HTTP 404; for failure-path tests)."""
 
 VERIFY_MARKER = "RAYGEN-VERIFY"
-SCRIPT_MAX_TURNS = 4
-"""hallucinate, probe, read back, final answer: the script never needs more assistant turns, so any
-conversation that already has this many gets the final answer (guarantees termination)."""
+SCRIPT_MAX_TURNS = 5
+"""hallucinate, probe, read back, explore (raygen.model.sim_explore), final answer: the script never needs
+more assistant turns, so any conversation that already has this many gets the final answer (guarantees
+termination)."""
 
 _HALLUCINATED_NAMES = ("web_search", "browse_web", "search_internet")
 
@@ -184,7 +186,7 @@ def _probe_tools(offered: set[str]) -> list[str]:
     return probes
 
 
-def _next_action(plan: Plan, offered: set[str], history: _History) -> str:
+def _next_action(plan: Plan, offered: set[str], history: _History, tools: list[dict[str, Any]]) -> str:
     called = history.called()
     if len(history.assistant) >= SCRIPT_MAX_TURNS:
         return "final"
@@ -195,6 +197,8 @@ def _next_action(plan: Plan, offered: set[str], history: _History) -> str:
         return "probe"
     if "write_file" in probes and "read_file" not in called:
         return "read"
+    if exploration_calls(tools, called):
+        return "explore"
     return "final"
 
 
@@ -217,7 +221,11 @@ def _verify(plan: Plan, offered: set[str], history: _History) -> dict[str, str]:
     }
 
 
-def _calls_for(action: str, plan: Plan, offered: set[str], prompt: str) -> list[tuple[str, dict[str, Any]]]:
+def _calls_for(
+    action: str, plan: Plan, offered: set[str], prompt: str, tools: list[dict[str, Any]], called: set[str]
+) -> list[tuple[str, dict[str, Any]]]:
+    if action == "explore":
+        return exploration_calls(tools, called)
     if action == "hallucinate":
         return [(_hallucinated_name(offered, plan.nonce), {"query": prompt[:200]})]
     if action == "probe":
@@ -236,6 +244,7 @@ _REASONING = {
     "hallucinate": "This might need fresh information, so I will search the web before anything else.",
     "probe": "I will check the environment: compute 6*7 in the shell with printf and write a check file.",
     "read": "The check file should now exist; I will read it back and compare its content.",
+    "explore": "There are more tools offered; I will try each of them once to see what they return.",
 }
 
 
@@ -277,7 +286,7 @@ def respond(request: dict[str, Any], cfg: SimConfig) -> PolicyReply:
     offered = offered_tool_names(tools)
     history = _History.of(messages)
     turn = len(history.assistant) + 1
-    action = _next_action(plan, offered, history)
+    action = _next_action(plan, offered, history, tools)
 
     decision: dict[str, Any] = {
         "turn": turn,
@@ -293,7 +302,7 @@ def respond(request: dict[str, Any], cfg: SimConfig) -> PolicyReply:
         ),
     }
 
-    calls = _calls_for(action, plan, offered, prompt)
+    calls = _calls_for(action, plan, offered, prompt, tools, history.called())
     if action == "final":
         verify = _verify(plan, offered, history)
         decision["verify"] = verify

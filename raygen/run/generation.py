@@ -19,6 +19,9 @@ from raygen.hygiene.leaks import host_secret_values
 from raygen.model.provider_options import request_options
 from raygen.run.endpoint import endpoint_label
 from raygen.tools.distributions import BoundDistribution, load_distribution
+from raygen.tools.mcp_config import configured_servers, referenced_values
+from raygen.tools.mcp_preflight import run_preflight
+from raygen.tools.mcp_tools import McpServerListing, mcp_toolset
 from raygen.tools.registry import ToolRegistry, load_registry
 
 
@@ -28,6 +31,8 @@ class Generation:
 
     registry: ToolRegistry
     distribution: BoundDistribution
+    mcp_servers: list[McpServerListing]
+    """The configured MCP servers as the pre-flight found them (``${VAR}`` unresolved: no secrets)."""
     model_name: str
     settings: dict[str, Any]
     """The fingerprinted inputs, as recorded under ``generation`` in ``manifest.json``."""
@@ -36,7 +41,12 @@ class Generation:
     @classmethod
     def build(cls, config: RunConfig) -> Generation:
         registry = load_registry(config.tools.plugins)
-        distribution = load_distribution(config.tools.distribution, set(registry.toolset_names()))
+        mcp_servers = _preflight_mcp(config)
+        for listing in mcp_servers:
+            registry.add(mcp_toolset(listing), origin=f"MCP server {listing.name}")
+        distribution = load_distribution(
+            config.tools.distribution, set(registry.toolset_names()), always=[s.name for s in mcp_servers]
+        )
         model = config.model
         settings = {
             "model": model.model,
@@ -53,9 +63,12 @@ class Generation:
             # Only when set, so runs made before these options existed keep their fingerprint.
             **_optional_generation(config),
         }
+        if mcp_servers:  # only when set, so runs without MCP keep their fingerprint
+            settings["mcp_servers"] = {s.name: _fingerprinted(s) for s in mcp_servers}
         return cls(
             registry=registry,
             distribution=distribution,
+            mcp_servers=mcp_servers,
             model_name=model.model,
             settings=settings,
             fingerprint=fingerprint(settings),
@@ -72,12 +85,46 @@ class RunSecrets:
     values: list[str] = field(default_factory=list, repr=False)
     """The API key and the driver's values of ``session.secret_env`` (unset or empty ones skipped)."""
 
+    mcp_env: dict[str, str] = field(default_factory=dict, repr=False)
+    """The driver's values of the variables MCP server configs reference as ``${VAR}`` (and of
+    ``session.secret_env``, which rows' own servers may reference)."""
+
     @classmethod
     def from_environment(cls, config: RunConfig) -> RunSecrets:
         """Read from the driver's environment; a missing API key for an ``openai`` endpoint is an error."""
         api_key = _api_key(config)
         values = ([api_key] if api_key else []) + host_secret_values(config.session.secret_env)
-        return cls(api_key=api_key, values=values)
+        mcp_env = _mcp_values(config)
+        values += [value for value in mcp_env.values() if value and value not in values]
+        return cls(api_key=api_key, values=values, mcp_env=mcp_env)
+
+
+def _mcp_values(config: RunConfig) -> dict[str, str]:
+    servers = configured_servers(config.tools.mcp_servers, config.tools.mcp_config)
+    return referenced_values(servers.values(), config.session.secret_env)
+
+
+def _preflight_mcp(config: RunConfig) -> list[McpServerListing]:
+    """Start each configured MCP server once and read its tools (ConfigError, one line, if one fails)."""
+    servers = configured_servers(config.tools.mcp_servers, config.tools.mcp_config)
+    if not servers:
+        return []
+    return run_preflight(
+        servers,
+        _mcp_values(config),
+        config.env,
+        run_name=config.output.run_name or "raygen",
+        name_format=config.tools.mcp_tool_name_format,
+        start_timeout_s=config.tools.mcp_start_timeout_s,
+    )
+
+
+def _fingerprinted(listing: McpServerListing) -> dict[str, Any]:
+    # What decides the sessions: where it runs and what it is; never its variables or headers (secrets).
+    return {
+        "transport": listing.config.transport,
+        "placement": listing.config.placement,
+    }
 
 
 def _optional_generation(config: RunConfig) -> dict[str, Any]:

@@ -38,6 +38,8 @@ class ToolContext:
     output_max_chars: int = 16_000
     default_timeout_s: float = 60.0
     max_timeout_s: float = 600.0
+    mcp: Any = None
+    """The session's MCP servers (``raygen.tools.mcp_tools.McpSessionServers``), if it has any."""
 
 
 class Tool(ABC):

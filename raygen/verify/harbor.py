@@ -160,8 +160,33 @@ def read_task(folder: Path, problems: list[str]) -> HarborTask | None:
         "verify": verify,
         "metadata": {"harbor_task": folder.name, **{k: v for k, v in metadata.items() if _jsonable(v)}},
     }
+    if "mcp_servers" in environment:
+        task.row["mcp_servers"] = _mcp_servers(environment["mcp_servers"], toml_path, problems)
     _check_row(task.row, toml_path, problems)
     return task if len(problems) == before else None
+
+
+_HARBOR_TRANSPORTS = {"stdio": None, "sse": "sse", "streamable-http": "http", "http": "http"}
+
+
+def _mcp_servers(entries: Any, path: Path, problems: list[str]) -> dict[str, Any]:
+    """``[[environment.mcp_servers]]`` (name, transport, command, args, env, url) as a row's
+    ``mcp_servers``: they run in the task's own sandbox like any row's servers."""
+    servers: dict[str, Any] = {}
+    for i, entry in enumerate(entries if isinstance(entries, list) else [entries]):
+        where = f"environment.mcp_servers[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            _problem(problems, path, where, "needs a table with a string 'name'")
+            continue
+        spec = {k: v for k, v in entry.items() if k not in ("name", "transport")}
+        transport = entry.get("transport", "stdio" if "command" in entry else "streamable-http")
+        if transport not in _HARBOR_TRANSPORTS:
+            _problem(problems, path, f"{where}.transport", f"one of {', '.join(_HARBOR_TRANSPORTS)}")
+            continue
+        if _HARBOR_TRANSPORTS[transport]:
+            spec["type"] = _HARBOR_TRANSPORTS[transport]
+        servers[entry["name"]] = spec
+    return servers
 
 
 def _jsonable(value: Any) -> bool:
