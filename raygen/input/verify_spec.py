@@ -58,7 +58,7 @@ class RelativePath(str):
 class VerifySpec(BaseModel):
     """How a session's result is checked after the agent has finished."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
 
     files: dict[str, str] = Field(default_factory=dict)
     """Hidden files (relative path -> text) written only at grading time, over whatever is there."""
