@@ -94,6 +94,8 @@ class VerifySpec(BaseModel):
     def _command_not_empty(cls, v: str | None) -> str | None:
         if v is not None and not v.strip():
             raise ValueError("command is empty")
+        if v is not None and "\x00" in v:  # no process can be started with it: an error of the row now
+            raise ValueError("contains a NUL character, which no command line can hold")
         return v
 
     @field_validator("python")
