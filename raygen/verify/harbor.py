@@ -68,12 +68,28 @@ def _problem(problems: list[str], path: Path, name: str, message: str) -> None:
     problems.append(f"{path}: {name}: {message}")
 
 
-def _read_toml(path: Path, problems: list[str]) -> dict[str, Any]:
+def _read_text(path: Path, problems: list[str]) -> str | None:
+    """The file's text, or None with one problem line (missing, a directory, not UTF-8, unreadable)."""
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         _problem(problems, path, "(file)", "missing")
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except IsADirectoryError:
+        _problem(problems, path, "(file)", "a directory, not a file")
+    except UnicodeDecodeError as exc:
+        _problem(problems, path, "(file)", f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except OSError as exc:
+        _problem(problems, path, "(file)", f"cannot be read: {exc.strerror or exc}")
+    return None
+
+
+def _read_toml(path: Path, problems: list[str]) -> dict[str, Any]:
+    text = _read_text(path, problems)
+    if text is None:
+        return {}
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         _problem(problems, path, "(toml)", f"invalid TOML: {exc}")
     return {}
 
@@ -89,6 +105,8 @@ def _read_tests(folder: Path, problems: list[str]) -> dict[str, str]:
             files[f"{STAGE_DIR}/{path.relative_to(tests).as_posix()}"] = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             _problem(problems, path, "(file)", "not UTF-8 text (hidden files are staged as text)")
+        except OSError as exc:
+            _problem(problems, path, "(file)", f"cannot be read: {exc.strerror or exc}")
     return files
 
 
@@ -112,13 +130,10 @@ def read_task(folder: Path, problems: list[str]) -> HarborTask | None:
     before = len(problems)
     task = HarborTask(name=folder.name, folder=folder)
     instruction = folder / "instruction.md"
-    try:
-        prompt = instruction.read_text(encoding="utf-8")
-        if not prompt.strip():
-            _problem(problems, instruction, "(file)", "empty")
-    except FileNotFoundError:
-        _problem(problems, instruction, "(file)", "missing")
-        prompt = ""
+    prompt = _read_text(instruction, problems)
+    if prompt is not None and not prompt.strip():
+        _problem(problems, instruction, "(file)", "empty")
+    prompt = prompt or ""
     toml_path = folder / "task.toml"
     data = _read_toml(toml_path, problems)
     metadata = _section(data, "metadata", toml_path, problems)
