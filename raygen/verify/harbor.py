@@ -83,6 +83,25 @@ def _read_text(path: Path, problems: list[str]) -> str | None:
     return None
 
 
+def _links_out(folder: Path, problems: list[str]) -> bool:
+    """Whether any symbolic link under ``folder`` leads out of it (each one a problem). Task folders are
+    shared datasets: a link to a host file (cloud credentials) would be read, staged into the container
+    and stored with every record, so none is followed (issue 28)."""
+    inside = folder.resolve()
+    found = False
+    for parent, dirs, files in os.walk(folder):  # does not descend into linked folders
+        for name in sorted(dirs + files):
+            path = Path(parent) / name
+            if not path.is_symlink():
+                continue
+            target = path.resolve()
+            if target != inside and inside not in target.parents:
+                message = f"a symbolic link out of the task folder (to {target}); task folders are shared: "
+                _problem(problems, path, "(file)", message + "copy the file in")
+                found = True
+    return found
+
+
 def _read_toml(path: Path, problems: list[str]) -> dict[str, Any]:
     text = _read_text(path, problems)
     if text is None:
@@ -128,6 +147,8 @@ def _context_hash(folder: Path) -> str:
 def read_task(folder: Path, problems: list[str]) -> HarborTask | None:
     """One task folder as a row (problems appended as ``path: field: message``)."""
     before = len(problems)
+    if _links_out(folder, problems):
+        return None  # nothing of the folder is read
     task = HarborTask(name=folder.name, folder=folder)
     instruction = folder / "instruction.md"
     prompt = _read_text(instruction, problems)

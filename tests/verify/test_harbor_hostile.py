@@ -4,13 +4,15 @@ folder is read, before any image or model."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 from raygen.errors import InputError
-from raygen.verify.harbor import load_tasks
+from raygen.verify.harbor import load_tasks, tasks_to_jsonl
 from tests.verify.helpers import DATA
 
 HARBOR = DATA / "harbor"
@@ -41,3 +43,42 @@ def test_an_instruction_that_is_not_text_or_not_a_file_is_one_line(tmp_path):
     toml.unlink()
     toml.mkdir()
     assert f"{toml}: (file): a directory, not a file" in _problems(root)
+
+
+def test_links_that_leave_the_task_folder_are_refused(tmp_path):
+    secret = tmp_path / "home" / ".aws" / "credentials"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("aws_secret_access_key = AKIAHOSTILE0000000000\n")
+    root = _tasks(tmp_path)
+    task = root / "add-numbers"
+    (task / "tests" / "creds.txt").symlink_to(secret)
+    (task / "tests" / "home").symlink_to(secret.parent.parent)
+    problems = _problems(root)
+    assert problems == [
+        f"{task / 'tests' / 'creds.txt'}: (file): a symbolic link out of the task folder (to {secret}); "
+        "task folders are shared: copy the file in",
+        f"{task / 'tests' / 'home'}: (file): a symbolic link out of the task folder "
+        f"(to {secret.parent.parent}); task folders are shared: copy the file in",
+    ]
+    # The same for the prompt itself: a link would send the file to the provider.
+    (task / "tests" / "creds.txt").unlink()
+    (task / "tests" / "home").unlink()
+    (task / "instruction.md").unlink()
+    (task / "instruction.md").symlink_to(secret)
+    assert len(_problems(root)) == 1
+    # A link that stays inside the task folder is fine, and its content is staged.
+    (task / "instruction.md").unlink()
+    (task / "instruction.md").write_text("Add the numbers.\n")
+    (task / "tests" / "copy_of_test.sh").symlink_to("test.sh")
+    (task / "environment" / "link").symlink_to("../tests/test.sh")
+    path, _ = tasks_to_jsonl(root, "docker", out_dir=tmp_path / "cache")
+    files = json.loads(path.read_text().splitlines()[0])["verify"]["files"]
+    assert files[".raygen-tests/copy_of_test.sh"] == files[".raygen-tests/test.sh"]
+    assert "AKIAHOSTILE" not in path.read_text()
+
+
+def test_a_task_folder_link_loop_or_device_is_refused_not_read(tmp_path):
+    root = _tasks(tmp_path)
+    tests = root / "add-numbers" / "tests"
+    (tests / "zero").symlink_to(os.devnull)
+    assert any("a symbolic link out of the task folder" in line for line in _problems(root))
