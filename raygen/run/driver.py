@@ -40,7 +40,7 @@ from raygen.run.ledger import Ledger, worker_lost_record
 from raygen.run.reporter import RunReporter
 from raygen.run.services import RunServices, run_services
 from raygen.run.sink import ResultSink
-from raygen.run.verify_prepare import prepare_dataset
+from raygen.run.verify_prepare import prepare_dataset, task_findings
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,7 @@ def _run(
     dataset = prepare_dataset(config, dataset, reporter)  # a Harbor tasks folder becomes a prompts file
 
     report = scan_dataset(dataset, known_toolsets=set(generation.registry.toolset_names()))
+    report = task_findings(report, Path(config.dataset))  # Harbor: name the task, not the cached file
     reporter.dataset_checked(report)
     report.raise_if_invalid()
     hygiene = _check_hygiene(config, dataset, reporter)

@@ -58,7 +58,7 @@ class HarborTask:
     """Build context's Dockerfile, when the row's image has to be built."""
 
 
-def _task_folders(root: Path) -> list[Path]:
+def task_folders(root: Path) -> list[Path]:
     if (root / "task.toml").exists():
         return [root]
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -253,7 +253,7 @@ def load_tasks(root: Path, env_type: str) -> list[HarborTask]:
             "on the host: run them with --env docker (or singularity, modal)"
         )
     problems: list[str] = []
-    tasks = [task for folder in _task_folders(root) if (task := read_task(folder, problems)) is not None]
+    tasks = [task for folder in task_folders(root) if (task := read_task(folder, problems)) is not None]
     if problems:
         raise InputError(
             f"{root}: {len(problems)} problem(s) in Harbor tasks:\n" + "\n".join(problems), problems

@@ -4,14 +4,18 @@ folder is read, before any image or model."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from raygen.cli.console import ConsoleReporter
 from raygen.errors import InputError
+from raygen.input.validate import scan_dataset
 from raygen.verify.harbor import load_tasks, tasks_to_jsonl
 from tests.verify.helpers import DATA
 
@@ -82,3 +86,23 @@ def test_a_task_folder_link_loop_or_device_is_refused_not_read(tmp_path):
     tests = root / "add-numbers" / "tests"
     (tests / "zero").symlink_to(os.devnull)
     assert any("a symbolic link out of the task folder" in line for line in _problems(root))
+
+
+def test_warnings_name_the_task_folder_in_plain_text(tmp_path):
+    from raygen.run.verify_prepare import task_findings
+
+    root = _tasks(tmp_path, "add-numbers", "count-words")
+    same = (root / "add-numbers" / "instruction.md").read_text()
+    (root / "count-words" / "instruction.md").write_text(same)
+    path, _ = tasks_to_jsonl(root, "docker", out_dir=tmp_path / "cache")
+    report = task_findings(scan_dataset(path), root)
+    out = io.StringIO()
+    ConsoleReporter(Console(file=out, width=400)).dataset_checked(report)
+    text = out.getvalue()
+    assert "Notice(" not in text and str(tmp_path / "cache") not in text, text
+    warning = f"warning: {root / 'count-words' / 'instruction.md'}: prompt: same prompt as task add-numbers;"
+    assert any(line.startswith(warning) for line in text.splitlines()), text
+    # A report of a prompts file is left as it is.
+    plain = tmp_path / "p.jsonl"
+    plain.write_text('{"prompt": "a"}\n{"prompt": "a"}\n')
+    assert str(task_findings(scan_dataset(plain), plain).notices[0]).startswith(f"{plain}:2: prompt: ")
