@@ -35,7 +35,7 @@ from raygen.output.run_lock import RunLock
 from raygen.output.summary import summarize
 from raygen.output.writable import check_output_folder, check_run_name
 from raygen.run.drain import Drain
-from raygen.run.generation import Generation, RunSecrets, resume_check
+from raygen.run.generation import Generation, RunSecrets, recorded_config, resume_check
 from raygen.run.ledger import Ledger, worker_lost_record
 from raygen.run.reporter import RunReporter
 from raygen.run.services import RunServices, run_services
@@ -158,7 +158,7 @@ def _run(
     manifest = build_manifest(
         run_name=run_name,
         dataset={"path": str(dataset.resolve()), "sha256": report.sha256, "rows": report.rows},
-        config=config.model_dump(mode="json"),
+        config=recorded_config(config),
         model=generation.model_name,
         base_url=getattr(config.model, "base_url", None),
         config_fingerprint=generation.fingerprint,
