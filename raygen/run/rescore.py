@@ -14,6 +14,7 @@ wins the merge), so the original lines stay as they were; a check that still can
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ from raygen.output.shards import RecordReader, ShardScanStats, ShardWriter
 from raygen.run.folder_commands import read_run_config, remerge
 from raygen.verify.grader import VerifyError, grade
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class RescoreResult:
@@ -40,6 +43,8 @@ class RescoreResult:
     """Checks that still could not run."""
     skipped: int = 0
     """Verified records whose row is no longer in the dataset or has no check."""
+    damaged: int = 0
+    """Final records that could not be read back as a record (left as they are, and counted)."""
     merge: MergeResult | None = None
     changes: list[tuple[str, Any, Any]] = field(default_factory=list)
     """``(sample_key, old reward, new reward)`` of the changed records (None: no reward)."""
@@ -70,13 +75,18 @@ def rescore(
         source, _ = tasks_to_jsonl(source, config.env.type)
     checks = dict(_checks(source, config.samples_per_prompt, config.verify.default))
     finals, _ = choose_finals(run, config.filters, run.read_keys(), ShardScanStats())
+    result = RescoreResult()
     records = []
     with RecordReader() as reader:
         for final in finals.values():
-            record = Trajectory.model_validate_json(reader.read_line(final.pos))
+            try:
+                record = Trajectory.model_validate_json(reader.read_line(final.pos))
+            except ValueError as exc:  # one damaged line is that record's problem, never the command's
+                result.damaged += 1
+                log.warning("%s: record %s cannot be read back, left as it is: %s", run, final.key, exc)
+                continue
             if record.verification is not None:
                 records.append(record)
-    result = RescoreResult()
     writer = ShardWriter(run, f"rescore-{uuid.uuid4().hex[:12]}", 10_000, 3600.0)
     try:
         regraded = asyncio.run(

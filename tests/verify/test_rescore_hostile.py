@@ -1,0 +1,51 @@
+"""Hostile run folders for ``raygen rescore`` and ``raygen merge`` (issue 28 cases 3 and 4): a damaged
+stored record, a copy that lost its modification times."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from raygen.cli import main as cli
+from raygen.output.run_dir import RunDir
+from tests.verify.helpers import TASKS
+from tests.verify.test_rescore import make_run, rewards
+
+pytestmark = pytest.mark.slow
+
+
+def _shard(run: RunDir, prefix: str):
+    (path,) = (run.local_path / "shards").glob(f"{prefix}*.jsonl")
+    return path
+
+
+def test_one_damaged_record_is_its_own_verify_error_not_the_whole_command(tmp_path):
+    run = asyncio.run(make_run(tmp_path, TASKS))
+    before = rewards(run)
+    shard = _shard(run, "driver-")
+    lines = shard.read_text(encoding="utf-8").splitlines()
+    damaged = json.loads(lines[0])
+    assert damaged["artifacts"], damaged  # a record with a stored artifact
+    damaged["artifacts"][0].update(encoding="base64", content="!!! not base64 !!!")
+    unreadable = json.loads(lines[1])
+    unreadable["artifacts"] = "not a list"  # no longer a record raygen can read back
+    lines[0], lines[1] = json.dumps(damaged), json.dumps(unreadable)
+    shard.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    # The command as a user runs it: it used to end in a traceback (binascii.Error), nothing rescored.
+    done = CliRunner().invoke(cli.app, ["rescore", str(run.local_path)])
+    assert done.exit_code == 0 and done.exception is None, done.output
+    said = " ".join(done.output.split())
+    assert "rescored 7 sessions: 1 changed, 1 checks could not run" in said  # the damaged one
+    assert "1 damaged records left as they were" in said
+    written = _shard(run, "rescore-").read_text(encoding="utf-8").splitlines()
+    regraded = {record["sample_key"]: record for record in map(json.loads, written)}
+    failed = regraded[damaged["sample_key"]]
+    assert failed["exit_status"] == "error:verify_error"
+    assert "solution.py" in failed["error"] and "base64" in failed["error"]
+    # The graded line of the damaged record still stands (a check that could not run loses to it), and
+    # every other reward is what it was.
+    assert rewards(run) == before
