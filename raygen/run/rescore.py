@@ -6,8 +6,9 @@ its row (the dataset named in the manifest, or ``--dataset``), in a fresh enviro
 artifacts stored with the record, then the hidden files. A record graded in ``same`` mode is regraded in
 a fresh one too: its artifacts are all that is left of the agent's environment.
 
-Each regraded record is appended to the run's shards as a new line of the same attempt (a later shard
-wins the merge), so the original lines stay as they were; a check that still cannot run is written as
+Each regraded record is appended to the run's shards as a new line of the same attempt, counting its
+regrade in ``verification.rescored`` (the merge takes the latest regrade of an attempt, whatever the
+files' dates), so the original lines stay as they were; a check that still cannot run is written as
 ``verify_error`` and loses to an earlier graded line (a non-failed record outranks a failed one).
 """
 
@@ -139,6 +140,8 @@ async def regrade(
     missing = [p for p in spec.artifacts if p not in stored]
     session_status = record.verification.session_status if record.verification else ""
     session_status = session_status or "completed"
+    # Which regrade this is, in the record itself: the merge prefers the latest (not the newest file).
+    rescored = (record.verification.rescored if record.verification else 0) + 1
     fresh = spec.model_copy(update={"mode": "fresh"})
     for attempt in range(spec.retries + 1):
         try:
@@ -155,10 +158,12 @@ async def regrade(
             if attempt < spec.retries:
                 continue
             exc.verification.session_status = session_status
+            exc.verification.rescored = rescored
             update = {"reward": None, "verification": exc.verification, "exit_status": "error:verify_error"}
             update.update(completed=False, error=f"verify_error: {exc}")
             return record.model_copy(update=update)
     graded.verification.session_status = session_status
+    graded.verification.rescored = rescored
     update = {"reward": graded.reward, "verification": graded.verification, "exit_status": session_status}
     update.update(completed=session_status == "completed", error=None)
     return record.model_copy(update=update)

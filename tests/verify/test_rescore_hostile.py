@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 
 import pytest
 from typer.testing import CliRunner
 
 from raygen.cli import main as cli
 from raygen.output.run_dir import RunDir
+from raygen.run.folder_commands import remerge
+from raygen.run.rescore import rescore
 from tests.verify.helpers import TASKS
 from tests.verify.test_rescore import make_run, rewards
 
@@ -49,3 +53,25 @@ def test_one_damaged_record_is_its_own_verify_error_not_the_whole_command(tmp_pa
     # The graded line of the damaged record still stands (a check that could not run loses to it), and
     # every other reward is what it was.
     assert rewards(run) == before
+
+
+def test_rescored_rewards_survive_a_copy_that_lost_modification_times(tmp_path):
+    # Graded with a wrong check (every reward 0, not an error); the dataset's check is the right one.
+    run = asyncio.run(make_run(tmp_path, TASKS, command="false"))
+    assert set(rewards(run).values()) == {0.0}
+    rescore(run)
+    rescored = rewards(run)
+    assert set(rescored.values()) == {0.0, 1.0}
+    # cp without -p, rsync without -t, an object-store upload: the driver's shard can end up newer.
+    copy = RunDir(tmp_path / "copy")
+    shutil.copytree(run.local_path, copy.local_path)
+    later = os.stat(_shard(copy, "rescore-")).st_mtime + 60
+    os.utime(_shard(copy, "driver-"), (later, later))
+    remerge(copy)
+    assert rewards(copy) == rescored
+    # A second rescore (after another fix of the check) wins over the first, however the files are dated.
+    rescore(copy)
+    for path in (copy.local_path / "shards").glob("rescore-*.jsonl"):
+        os.utime(path, (later - 3600, later - 3600))
+    remerge(copy)
+    assert rewards(copy) == rescored
