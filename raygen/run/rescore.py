@@ -29,7 +29,7 @@ from raygen.input.verify_spec import VerifySpec
 from raygen.output.merge import MergeResult, choose_finals
 from raygen.output.run_dir import RunDir
 from raygen.output.shards import RecordReader, ShardScanStats, ShardWriter
-from raygen.run.folder_commands import read_run_config, remerge
+from raygen.run.folder_commands import holding, merge_held, read_run_config
 from raygen.verify.grader import VerifyError, grade
 
 log = logging.getLogger(__name__)
@@ -66,9 +66,15 @@ def _checks(dataset: Path, samples_per_prompt: int, default: VerifySpec | None) 
 def rescore(
     run_dir: RunDir | str | Path, *, dataset: str | Path | None = None, concurrency: int = 4
 ) -> RescoreResult:
-    """Regrade the verified records of a run folder and re-merge it (see the module docstring)."""
+    """Regrade the verified records of a run folder and re-merge it (see the module docstring), holding
+    the run's lock throughout (``RunLocked`` while a driver, merge or rescore holds it)."""
     run = RunDir.of(run_dir)
-    config = read_run_config(run)
+    config = read_run_config(run)  # before the lock: a folder without a run is not created
+    with holding(run, "rescore"):
+        return _rescore_held(run, config, dataset, concurrency)
+
+
+def _rescore_held(run: RunDir, config: Any, dataset: str | Path | None, concurrency: int) -> RescoreResult:
     source = Path(dataset or config.dataset or "")
     if source.is_dir():  # a Harbor tasks folder, read as the run read it
         from raygen.verify.harbor import tasks_to_jsonl
@@ -105,7 +111,7 @@ def rescore(
             writer.add(new.model_dump_json())
     finally:
         writer.close()
-    result.merge = remerge(run)
+    result.merge = merge_held(run, config)
     return result
 
 

@@ -7,6 +7,8 @@ import asyncio
 import json
 import os
 import shutil
+import signal
+import socket
 
 import pytest
 from typer.testing import CliRunner
@@ -15,6 +17,7 @@ from raygen.cli import main as cli
 from raygen.output.run_dir import RunDir
 from raygen.run.folder_commands import remerge
 from raygen.run.rescore import rescore
+from tests.output.test_run_lock import holder_process
 from tests.verify.helpers import TASKS
 from tests.verify.test_rescore import make_run, rewards
 
@@ -75,3 +78,32 @@ def test_rescored_rewards_survive_a_copy_that_lost_modification_times(tmp_path):
         os.utime(path, (later - 3600, later - 3600))
     remerge(copy)
     assert rewards(copy) == rescored
+
+
+def test_merge_and_rescore_refuse_a_run_a_driver_holds(tmp_path):
+    # issue 28: neither took the run's lock; a merge racing the driver's own merge swaps folders under it,
+    # and a rescore appends to shards a driver is still writing. Now both refuse in one line naming it.
+    run = asyncio.run(make_run(tmp_path, TASKS))
+    shards_before = sorted(p.name for p in (run.local_path / "shards").iterdir())
+    data_before = {p.name: p.read_bytes() for p in (run.local_path / "data").iterdir()}
+    driver = holder_process(str(run.local_path))
+    try:
+        for command in (
+            ["merge", str(run.local_path), "--min-reward", "1"],
+            ["rescore", str(run.local_path)],
+        ):
+            done = CliRunner().invoke(cli.app, command)
+            assert done.exit_code == 2, done.output
+            said = " ".join(done.output.split())
+            assert f"is in use by another raygen driver: host {socket.gethostname()} pid {driver.pid}" in said
+            assert done.output.count("error") == 1 and "Traceback" not in done.output
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    assert sorted(p.name for p in (run.local_path / "shards").iterdir()) == shards_before
+    assert {p.name: p.read_bytes() for p in (run.local_path / "data").iterdir()} == data_before
+    # Its holder gone, the lock is taken over; each command leaves no lock behind.
+    for command in (["rescore", str(run.local_path)], ["merge", str(run.local_path)]):
+        done = CliRunner().invoke(cli.app, command)
+        assert done.exit_code == 0, done.output
+        assert not (run.local_path / "driver.lock").exists()
