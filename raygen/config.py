@@ -37,6 +37,10 @@ from raygen.model.configs import (  # noqa: F401 (re-exported)
 )
 from raygen.tools.mcp_config import McpServerConfig, unwrap_servers
 
+MAX_SAMPLES_PER_PROMPT = 1000
+"""``--samples-per-prompt`` beyond this is refused: groups for best-of-K and RL are far smaller, and a
+typo of 100,000,000 made a dry run sit silent while it made the keys (issue 28)."""
+
 
 class SessionConfig(_Section):
     """The multi-turn agent loop."""
@@ -366,10 +370,11 @@ class RunConfig(_Section):
     """Take only the first N valid rows."""
     seed: int = 0
     """Run seed: with the prompt's key it seeds the toolset draw."""
-    samples_per_prompt: int = Field(1, ge=1)
+    samples_per_prompt: int = Field(1, ge=1, le=MAX_SAMPLES_PER_PROMPT)
     """Independent sessions per row (``--samples-per-prompt``): a group sharing ``group_id``, each sample
     with its own key and ``sample_index`` and its own request seed (``sampling.seed``, default 0, plus the
-    index). A resume runs exactly the samples a group is missing."""
+    index). A resume runs exactly the samples a group is missing. At most 1000
+    (``MAX_SAMPLES_PER_PROMPT``)."""
     model: ModelConfig = Field(default_factory=SimModelConfig)
     """Model backend."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)

@@ -100,6 +100,15 @@ def _quiet_token_auth_notice() -> Iterator[None]:
 
 
 def shutdown_ray() -> None:
+    """Stop this process's Ray. A second signal stops a run without waiting for Ray Data's iteration
+    thread to end: once Ray is gone, any Ray call of that thread would start a NEW local Ray
+    (``ray.init`` on first use) and its stats updates print tracebacks about the Ray that is gone (two of
+    them reached the user before the exit line, issue 28). Neither may happen after this: the
+    iteration is abandoned, as the run is."""
+    from ray._private import auto_init_hook  # Ray's switch for its init-on-first-use
+
+    auto_init_hook.enable_auto_connect = False
+    logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # set again by the next pass's dataset
     ray.shutdown()
 
 

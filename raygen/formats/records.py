@@ -102,6 +102,10 @@ class Verification(BaseModel):
     session_status: str = ""
     """The session's own exit status before grading (``completed``, ``max_turns``): what ``raygen rescore``
     restores when a check that could not run now does."""
+    rescored: int = 0
+    """How many times ``raygen rescore`` graded this attempt again: of two records of one attempt the merge
+    takes the later regrade, whatever the dates or names of the files holding them (a copy without
+    modification times must not bring old rewards back)."""
 
 
 class Artifact(BaseModel):

@@ -48,7 +48,8 @@ class Finding:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.field}: {self.message}"
+        where = f"{self.path}:{self.line}" if self.line else self.path  # line 0: a file with no lines
+        return f"{where}: {self.field}: {self.message}"
 
 
 @dataclass(frozen=True)

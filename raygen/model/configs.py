@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from raygen.config_section import Section as _Section
+from raygen.config_section import refuse_non_finite
 
 
 class SimConfig(_Section):
@@ -140,6 +141,11 @@ class SamplingConfig(_Section):
     """Provider-specific options merged into each request body, e.g. an OpenRouter route
     ``{provider: {order: [...], allow_fallbacks: false}}`` or ``{reasoning: {effort: high}}``.
     Recorded in the manifest."""
+
+    @field_validator("extra_body")
+    @classmethod
+    def _finite(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return refuse_non_finite(v)
 
 
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]

@@ -30,13 +30,13 @@ from raygen.output.run_lock import RunLock
 from raygen.output.summary import summarize
 from raygen.output.writable import check_output_folder, check_run_name
 from raygen.run.drain import Drain
-from raygen.run.generation import Generation, RunSecrets, resume_check
+from raygen.run.generation import Generation, RunSecrets, recorded_config, resume_check
 from raygen.run.ledger import Ledger, worker_lost_record
 from raygen.run.plan import check_dataset, plan_samples
 from raygen.run.reporter import RunReporter
 from raygen.run.services import RunServices, run_services
 from raygen.run.sink import ResultSink
-from raygen.run.verify_prepare import prepare_dataset
+from raygen.run.verify_prepare import prepare_dataset, task_findings
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def _run(
     dataset = prepare_dataset(config, dataset, reporter)  # a Harbor tasks folder becomes a prompts file
 
     checks = check_dataset(config, dataset, known_toolsets=set(generation.registry.toolset_names()))
-    report = checks.report
+    report = task_findings(checks.report, Path(config.dataset))  # Harbor: name the task, not the cached file
     reporter.dataset_checked(report)
     report.raise_if_invalid()
     hygiene = _report_hygiene(config, dataset, checks.hygiene, reporter)
@@ -155,7 +155,7 @@ def _run(
     manifest = build_manifest(
         run_name=run_name,
         dataset={"path": str(dataset.resolve()), "sha256": report.sha256, "rows": report.rows},
-        config=config.model_dump(mode="json"),
+        config=recorded_config(config),
         model=generation.model_name,
         base_url=getattr(config.model, "base_url", None),
         config_fingerprint=generation.fingerprint,

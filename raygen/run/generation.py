@@ -8,6 +8,7 @@ dataset silently is worse than stopping.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -70,8 +71,8 @@ class Generation:
             distribution=distribution,
             mcp_servers=mcp_servers,
             model_name=model.model,
-            settings=settings,
-            fingerprint=fingerprint(settings),
+            settings=_recorded_settings(settings),
+            fingerprint=fingerprint(settings),  # of the text itself, as before it was kept out
         )
 
 
@@ -138,6 +139,25 @@ def _optional_generation(config: RunConfig) -> dict[str, Any]:
         "store_prefill": session.store_prefill or None,
     }
     return {key: value for key, value in optional.items() if value}
+
+
+def _recorded_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` as the manifest records them: the ephemeral system prompt is sent, never stored
+    (docs/migrating-from-hermes.md); its hash tells two runs' prompts apart (issue 28)."""
+    text = settings.get("ephemeral_system_prompt")
+    if not text:
+        return settings
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return {**settings, "ephemeral_system_prompt": {"sha256": digest, "chars": len(text)}}
+
+
+def recorded_config(config: RunConfig) -> dict[str, Any]:
+    """The resolved config as ``manifest.json`` records it: without the ephemeral system prompt's text
+    (``generation`` holds its hash)."""
+    data = config.model_dump(mode="json")
+    if data["session"].get("ephemeral_system_prompt"):
+        data["session"]["ephemeral_system_prompt"] = None
+    return data
 
 
 def _api_key(config: RunConfig) -> str:

@@ -27,6 +27,8 @@ def scan(tmp_path: Path, text: str | bytes):
         ({"prompt": "p", "env": {"": "1"}}, "env", "name is empty"),
         ({"prompt": "p", "env": {"A\u0000": "1"}}, "env", "NUL"),
         ({"prompt": "p", "env": {"A": "x\u0000y"}}, "env", "value of A contains a NUL"),
+        # issue 28 case 8: passed validate, then failed after the model calls as error:internal.
+        ({"prompt": "p", "verify": {"command": "pytest\u0000-q"}}, "verify.command", "NUL"),
     ],
 )
 def test_values_no_process_can_take_are_errors_of_their_line(tmp_path: Path, row, field, words):
