@@ -30,6 +30,8 @@ from raygen.tools.mcp_config import McpServerConfig
 log = logging.getLogger(__name__)
 
 PING_TIMEOUT_S = 5.0
+EXIT_GRACE_S = 1.0
+"""How long a broken connection waits for the server's exit to be seen, to report that it ended."""
 """After a call timed out: a server that does not answer a ping within this is taken for hung."""
 JUNK_KEPT = 3
 """Non-protocol stdout lines kept for messages."""
@@ -176,10 +178,21 @@ class McpConnection:
                 raise self.lost(self._lost) from None
             raise
         except Exception as exc:
+            # The stream's end can be read before the process's exit is: give a dying server a moment, so
+            # the failure says it ended (and its exit code) rather than how the connection broke.
             if _is_protocol_error(exc) and not self._gone():
-                raise
-            self._lost = self._ended() if self._gone() else f"failed: {_describe(exc)}"
+                raise  # the server answered: this call's failure, shown to the model
+            gone = await self._gone_within(EXIT_GRACE_S)
+            self._lost = self._ended() if gone else f"failed: {_describe(exc)}"
             raise self.lost(self._lost) from None
+
+    async def _gone_within(self, seconds: float) -> bool:
+        deadline = asyncio.get_running_loop().time() + seconds
+        while not self._gone() and self.process is not None:
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return self._gone()
 
     async def _answers_ping(self) -> bool:
         try:
