@@ -28,6 +28,8 @@ FAILURE_KINDS: dict[str, str] = {
     "session_timeout": "the session ran longer than session.session_timeout_s",
     "internal": "a bug in raygen or a user tool; see the record's error field",
     "verify_error": "the row's check could not run (timeout, grading sandbox lost); never a reward of 0",
+    "budget_reached": "the run's --max-cost or --max-tokens was reached before the next model call",
+    "session_cost_cap": "the session's next model call could take it past --max-session-cost",
 }
 RETRYABLE: frozenset[str] = frozenset(
     {
@@ -38,8 +40,12 @@ RETRYABLE: frozenset[str] = frozenset(
         "env_lost",
         "worker_lost",
         "verify_error",
+        "budget_reached",
     }
 )
+UNCOUNTED: frozenset[str] = frozenset({"budget_reached"})
+"""Retryable kinds whose attempts do not count towards ``retry.max_attempts``: a run stopped at its budget
+was not the sample's fault, so a resume with a larger budget runs it as if it had never been stopped."""
 
 
 class RaygenError(Exception):

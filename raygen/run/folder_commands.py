@@ -13,7 +13,7 @@ from typing import Any
 
 from raygen.config import FilterConfig, RunConfig
 from raygen.configfile import run_config_from_manifest
-from raygen.errors import RETRYABLE
+from raygen.errors import RETRYABLE, UNCOUNTED
 from raygen.output.hermes import hermes_options
 from raygen.output.merge import MergeResult, choose_finals, merge_run
 from raygen.output.run_dir import KEYS_FILE, MANIFEST_FILE, STATISTICS_FILE, RunDir
@@ -120,7 +120,9 @@ def run_status(run_dir: RunDir | str | os.PathLike) -> RunStatus:
             st.kept += 1
         elif final.outcome == "rejected":
             st.rejected[final.reason or "?"] = st.rejected.get(final.reason or "?", 0) + 1
-        elif final.reason in RETRYABLE and final.rank[1] < config.retry.max_attempts:
+        elif final.reason in UNCOUNTED or (
+            final.reason in RETRYABLE and final.rank[1] < config.retry.max_attempts
+        ):
             st.pending += 1
         else:
             st.failed[final.reason or "?"] = st.failed.get(final.reason or "?", 0) + 1

@@ -1,0 +1,146 @@
+"""The run's budget: one named Ray actor per run that every session on every node asks before each model
+call (``--max-cost``, ``--max-tokens``; docs/cost.md).
+
+Admission rule: a call is admitted only while what was spent plus what the calls in flight reserved plus
+this call's reservation stays within the cap. The first call refused ends admission for good (the run
+is at its budget): later calls are refused too, even if settlements come in under their reservations,
+so the run stops instead of trickling on. What the calls in flight then spend beyond their reservations
+is the overshoot; ``BudgetLedger`` measures it and the upper bound it obeys.
+
+``BudgetLedger`` is the plain logic (tested without Ray); ``BudgetService`` is the actor's body;
+``raygen.distributed.budget_client.BudgetClient`` is a session actor's side.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+NAMESPACE = "raygen"
+
+
+@dataclass
+class BudgetLedger:
+    """Spend, reservations and the admission decision. Amounts in USD and tokens; a cap of None is no cap."""
+
+    max_usd: float | None = None
+    max_tokens: int | None = None
+    spent_usd: float = 0.0
+    """Settled spend, starting with what earlier invocations of the run recorded."""
+    spent_tokens: int = 0
+    reached: str = ""
+    """Why admission ended (``""`` while it goes on)."""
+    reserved: dict[int, tuple[float, int]] = field(default_factory=dict)
+    """Calls in flight: ticket -> (USD, tokens) reserved."""
+    excess_usd: float = 0.0
+    """Sum over settled calls of what each cost beyond its reservation: an upper bound on the overshoot."""
+    excess_tokens: int = 0
+    admitted: int = 0
+    refused: int = 0
+    max_in_flight: int = 0
+    in_flight_at_stop: int = 0
+    """Calls in flight when admission ended: what could still spend past the cap."""
+    _tickets: Any = field(default_factory=lambda: itertools.count(1))
+
+    def reserve(self, usd: float, tokens: int) -> int | None:
+        """A ticket for a call of about ``usd`` and ``tokens``, or None when the budget cannot take it."""
+        if not self.reached:
+            self.reached = self._over(usd, tokens)
+            if self.reached:
+                self.in_flight_at_stop = len(self.reserved)
+        if self.reached:
+            self.refused += 1
+            return None
+        ticket = next(self._tickets)
+        self.reserved[ticket] = (usd, tokens)
+        self.admitted += 1
+        self.max_in_flight = max(self.max_in_flight, len(self.reserved))
+        return ticket
+
+    def _over(self, usd: float, tokens: int) -> str:
+        held_usd = sum(r[0] for r in self.reserved.values())
+        held_tokens = sum(r[1] for r in self.reserved.values())
+        if self.max_usd is not None and self.spent_usd + held_usd + usd > self.max_usd:
+            return "cost"
+        if self.max_tokens is not None and self.spent_tokens + held_tokens + tokens > self.max_tokens:
+            return "tokens"
+        return ""
+
+    def settle(self, ticket: int | None, usd: float, tokens: int) -> None:
+        """The call of ``ticket`` cost ``usd`` and ``tokens`` (an unknown or None ticket still counts)."""
+        reserved_usd, reserved_tokens = self.reserved.pop(ticket, (usd, tokens)) if ticket else (usd, tokens)
+        self.spent_usd += usd
+        self.spent_tokens += tokens
+        self.excess_usd += max(0.0, usd - reserved_usd)
+        self.excess_tokens += max(0, tokens - reserved_tokens)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Spend, caps, whether and why admission ended, and the overshoot with its measured bound."""
+        over_usd = self.spent_usd - self.max_usd if self.max_usd is not None else 0.0
+        over_tokens = self.spent_tokens - self.max_tokens if self.max_tokens is not None else 0
+        return {
+            "max_usd": self.max_usd,
+            "max_tokens": self.max_tokens,
+            "spent_usd": self.spent_usd,
+            "spent_tokens": self.spent_tokens,
+            "reached": self.reached,
+            "in_flight": len(self.reserved),
+            "reserved_usd": sum(r[0] for r in self.reserved.values()),
+            "admitted": self.admitted,
+            "refused": self.refused,
+            "max_in_flight": self.max_in_flight,
+            "in_flight_at_stop": self.in_flight_at_stop,
+            "overshoot_usd": max(0.0, over_usd),
+            "overshoot_tokens": max(0, over_tokens),
+            "excess_usd": self.excess_usd,
+            "excess_tokens": self.excess_tokens,
+        }
+
+
+class BudgetService:
+    """The actor's body: ``BudgetLedger`` behind remote calls (one event loop, so no locks)."""
+
+    def __init__(self, max_usd: float | None, max_tokens: int | None, spent_usd: float, spent_tokens: int):
+        self.ledger = BudgetLedger(max_usd, max_tokens, spent_usd, spent_tokens)
+
+    async def reserve(self, usd: float, tokens: int) -> int | None:
+        return self.ledger.reserve(usd, tokens)
+
+    async def settle(self, ticket: int | None, usd: float, tokens: int) -> None:
+        self.ledger.settle(ticket, usd, tokens)
+
+    async def snapshot(self) -> dict[str, Any]:
+        return self.ledger.snapshot()
+
+
+def budget_name(run_name: str) -> str:
+    return f"raygen-budget-{run_name}"
+
+
+def start_budget(
+    run_name: str, max_usd: float | None, max_tokens: int | None, spent_usd: float, spent_tokens: int
+) -> Any:
+    """Create the run's budget actor (driver only, so it lives as long as the run; on the driver's node,
+    no CPU). Not restarted: a budget that forgot its spend would admit past the cap; a session that finds
+    it gone fails with ``budget_reached`` and the run stops."""
+    node = ray.get_runtime_context().get_node_id()
+    return (
+        ray.remote(BudgetService)
+        .options(
+            name=budget_name(run_name),
+            namespace=NAMESPACE,
+            num_cpus=0,
+            max_restarts=0,
+            max_concurrency=10_000,  # every session slot of every actor may ask at once
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        )
+        .remote(max_usd, max_tokens, spent_usd, spent_tokens)
+    )
+
+
+def budget_snapshot(actor: Any) -> dict[str, Any]:
+    return ray.get(actor.snapshot.remote())
