@@ -2,10 +2,11 @@
 call (``--max-cost``, ``--max-tokens``; docs/cost.md).
 
 Admission rule: a call is admitted only while what was spent plus what the calls in flight reserved plus
-this call's reservation stays within the cap. The first call refused ends admission for good (the run
-is at its budget): later calls are refused too, even if settlements come in under their reservations,
-so the run stops instead of trickling on. What the calls in flight then spend beyond their reservations
-is the overshoot; ``BudgetLedger`` measures it and the upper bound it obeys.
+this call's reservation stays within the cap; a call that does not fit yet waits for calls in flight to
+settle. The budget is reached when a call would not fit even with nothing in flight (spent plus its
+reservation over the cap): that call and every later one are refused, so the run stops instead of
+trickling on. What the calls in flight then spend beyond their reservations is the overshoot;
+``BudgetLedger`` measures it and the upper bound it obeys.
 
 ``BudgetLedger`` is the plain logic (tested without Ray); ``BudgetService`` is the actor's body;
 ``raygen.distributed.budget_client.BudgetClient`` is a session actor's side.
@@ -13,7 +14,10 @@ is the overshoot; ``BudgetLedger`` measures it and the upper bound it obeys.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +25,10 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 NAMESPACE = "raygen"
+WAIT = -1
+"""``BudgetLedger.reserve``'s answer for a call that fits once calls in flight settle."""
+_RECHECK_S = 1.0
+"""A waiting call re-checks at least this often (a reservation may have expired meanwhile)."""
 
 
 @dataclass
@@ -34,8 +42,11 @@ class BudgetLedger:
     spent_tokens: int = 0
     reached: str = ""
     """Why admission ended (``""`` while it goes on)."""
-    reserved: dict[int, tuple[float, int]] = field(default_factory=dict)
-    """Calls in flight: ticket -> (USD, tokens) reserved."""
+    ttl_s: float = float("inf")
+    """A reservation not settled after this long is dropped: its session actor died mid-call."""
+    reserved: dict[int, tuple[float, int, float]] = field(default_factory=dict)
+    """Calls in flight: ticket -> (USD, tokens) reserved, and when."""
+    expired: int = 0
     excess_usd: float = 0.0
     """Sum over settled calls of what each cost beyond its reservation: an upper bound on the overshoot."""
     excess_tokens: int = 0
@@ -46,33 +57,42 @@ class BudgetLedger:
     """Calls in flight when admission ended: what could still spend past the cap."""
     _tickets: Any = field(default_factory=lambda: itertools.count(1))
 
-    def reserve(self, usd: float, tokens: int) -> int | None:
-        """A ticket for a call of about ``usd`` and ``tokens``, or None when the budget cannot take it."""
+    def reserve(self, usd: float, tokens: int, now: float = 0.0) -> int | None:
+        """A ticket for a call of about ``usd`` and ``tokens``; ``WAIT`` when it fits only once calls in
+        flight settle; None when the budget is reached."""
         if not self.reached:
-            self.reached = self._over(usd, tokens)
+            self.reached = self._over(usd, tokens, in_flight=False)
             if self.reached:
                 self.in_flight_at_stop = len(self.reserved)
         if self.reached:
             self.refused += 1
             return None
+        if self._over(usd, tokens, in_flight=True):
+            return WAIT
         ticket = next(self._tickets)
-        self.reserved[ticket] = (usd, tokens)
+        self.reserved[ticket] = (usd, tokens, now)
         self.admitted += 1
         self.max_in_flight = max(self.max_in_flight, len(self.reserved))
         return ticket
 
-    def _over(self, usd: float, tokens: int) -> str:
-        held_usd = sum(r[0] for r in self.reserved.values())
-        held_tokens = sum(r[1] for r in self.reserved.values())
+    def _over(self, usd: float, tokens: int, *, in_flight: bool) -> str:
+        held_usd = sum(r[0] for r in self.reserved.values()) if in_flight else 0.0
+        held_tokens = sum(r[1] for r in self.reserved.values()) if in_flight else 0
         if self.max_usd is not None and self.spent_usd + held_usd + usd > self.max_usd:
             return "cost"
         if self.max_tokens is not None and self.spent_tokens + held_tokens + tokens > self.max_tokens:
             return "tokens"
         return ""
 
+    def expire(self, now: float) -> None:
+        """Drop reservations older than ``ttl_s`` (their calls' cost is never known)."""
+        for ticket in [t for t, r in self.reserved.items() if now - r[2] > self.ttl_s]:
+            del self.reserved[ticket]
+            self.expired += 1
+
     def settle(self, ticket: int | None, usd: float, tokens: int) -> None:
         """The call of ``ticket`` cost ``usd`` and ``tokens`` (an unknown or None ticket still counts)."""
-        reserved_usd, reserved_tokens = self.reserved.pop(ticket, (usd, tokens)) if ticket else (usd, tokens)
+        reserved_usd, reserved_tokens, _ = self.reserved.pop(ticket, None) or (usd, tokens, 0.0)
         self.spent_usd += usd
         self.spent_tokens += tokens
         self.excess_usd += max(0.0, usd - reserved_usd)
@@ -93,6 +113,7 @@ class BudgetLedger:
             "admitted": self.admitted,
             "refused": self.refused,
             "max_in_flight": self.max_in_flight,
+            "expired": self.expired,
             "in_flight_at_stop": self.in_flight_at_stop,
             "overshoot_usd": max(0.0, over_usd),
             "overshoot_tokens": max(0, over_tokens),
@@ -102,16 +123,27 @@ class BudgetLedger:
 
 
 class BudgetService:
-    """The actor's body: ``BudgetLedger`` behind remote calls (one event loop, so no locks)."""
+    """The actor's body: ``BudgetLedger`` behind remote calls (one event loop, so no locks); a call that
+    must wait for room waits here, woken by each settlement."""
 
-    def __init__(self, max_usd: float | None, max_tokens: int | None, spent_usd: float, spent_tokens: int):
-        self.ledger = BudgetLedger(max_usd, max_tokens, spent_usd, spent_tokens)
+    def __init__(self, max_usd: float | None, max_tokens: int | None, spent: tuple[float, int], ttl_s: float):
+        self.ledger = BudgetLedger(max_usd, max_tokens, spent[0], spent[1], ttl_s=ttl_s)
+        self._settled = asyncio.Event()
 
     async def reserve(self, usd: float, tokens: int) -> int | None:
-        return self.ledger.reserve(usd, tokens)
+        while True:
+            now = time.monotonic()
+            self.ledger.expire(now)
+            ticket = self.ledger.reserve(usd, tokens, now)
+            if ticket != WAIT:
+                return ticket
+            self._settled.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._settled.wait(), _RECHECK_S)
 
     async def settle(self, ticket: int | None, usd: float, tokens: int) -> None:
         self.ledger.settle(ticket, usd, tokens)
+        self._settled.set()
 
     async def snapshot(self) -> dict[str, Any]:
         return self.ledger.snapshot()
@@ -122,11 +154,12 @@ def budget_name(run_name: str) -> str:
 
 
 def start_budget(
-    run_name: str, max_usd: float | None, max_tokens: int | None, spent_usd: float, spent_tokens: int
+    run_name: str, max_usd: float | None, max_tokens: int | None, spent: tuple[float, int], ttl_s: float
 ) -> Any:
     """Create the run's budget actor (driver only, so it lives as long as the run; on the driver's node,
     no CPU). Not restarted: a budget that forgot its spend would admit past the cap; a session that finds
-    it gone fails with ``budget_reached`` and the run stops."""
+    it gone fails with ``budget_reached`` and the run stops. ``spent``: USD and tokens of earlier
+    invocations; ``ttl_s``: how long a call may stay unsettled (``BudgetLedger.ttl_s``)."""
     node = ray.get_runtime_context().get_node_id()
     return (
         ray.remote(BudgetService)
@@ -138,7 +171,7 @@ def start_budget(
             max_concurrency=10_000,  # every session slot of every actor may ask at once
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
         )
-        .remote(max_usd, max_tokens, spent_usd, spent_tokens)
+        .remote(max_usd, max_tokens, spent, ttl_s)
     )
 
 

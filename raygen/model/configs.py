@@ -14,6 +14,21 @@ from pydantic import Field, field_validator, model_validator
 from raygen.config_section import Section as _Section
 
 
+class PriceConfig(_Section):
+    """A model's price in USD per million tokens (``pricing.<model>``), as the provider bills it."""
+
+    input: float = Field(ge=0)
+    """Prompt tokens not served from the provider's prompt cache."""
+    output: float = Field(ge=0)
+    """Completion tokens (reasoning tokens included unless ``reasoning`` is set)."""
+    cached_input: float | None = Field(None, ge=0)
+    """Prompt tokens the provider reports as cached (``usage.prompt_tokens_details.cached_tokens``); unset:
+    the ``input`` price."""
+    reasoning: float | None = Field(None, ge=0)
+    """Reasoning tokens (``usage.completion_tokens_details.reasoning_tokens``), where billed apart; unset: the
+    ``output`` price."""
+
+
 class SimConfig(_Section):
     """The built-in OpenAI-compatible simulator (``raygen sim serve``; default model of ``raygen run``)."""
 
@@ -70,6 +85,9 @@ class SimConfig(_Section):
     every prompt gets the probe script."""
     solve_rate: float = Field(0.5, ge=0, le=1)
     """Share of coding sessions (drawn per prompt and request ``seed``) that write the reference solution."""
+    reported_price: PriceConfig | None = None
+    """Report each answer's cost in ``usage.cost`` (USD) at this price, as OpenRouter does, e.g.
+    ``{input: 0.1, output: 0.3}``; unset: no cost field (docs/cost.md)."""
 
 
 class ChatAPIModelConfig(_Section):
@@ -140,21 +158,6 @@ class SamplingConfig(_Section):
     """Provider-specific options merged into each request body, e.g. an OpenRouter route
     ``{provider: {order: [...], allow_fallbacks: false}}`` or ``{reasoning: {effort: high}}``.
     Recorded in the manifest."""
-
-
-class PriceConfig(_Section):
-    """A model's price in USD per million tokens (``pricing.<model>``), as the provider bills it."""
-
-    input: float = Field(ge=0)
-    """Prompt tokens not served from the provider's prompt cache."""
-    output: float = Field(ge=0)
-    """Completion tokens (reasoning tokens included unless ``reasoning`` is set)."""
-    cached_input: float | None = Field(None, ge=0)
-    """Prompt tokens the provider reports as cached (``usage.prompt_tokens_details.cached_tokens``); unset:
-    the ``input`` price."""
-    reasoning: float | None = Field(None, ge=0)
-    """Reasoning tokens (``usage.completion_tokens_details.reasoning_tokens``), where billed apart; unset: the
-    ``output`` price."""
 
 
 class BudgetConfig(_Section):

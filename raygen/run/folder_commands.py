@@ -84,6 +84,8 @@ class RunStatus:
     """Final failures: not retryable, or out of attempts."""
     pending: int = 0
     """Never finished, or failed with a retryable kind and attempts left (``--resume`` runs them)."""
+    spent_usd: float = 0.0
+    """What every recorded attempt cost (docs/cost.md)."""
     driver: str | None = None
     """The driver holding the run (``driver.lock``), when there is one: running, or dead and stale."""
     unplanned: str | None = None
@@ -97,6 +99,8 @@ class RunStatus:
         rows += [(f"rejected: {k}", v) for k, v in sorted(self.rejected.items())]
         rows += [(f"failed: {k}", v) for k, v in sorted(self.failed.items())]
         rows.append(("pending", self.pending))
+        if self.spent_usd > 0:
+            rows.append(("spent (USD, all attempts)", f"{self.spent_usd:.4f}"))
         if self.driver:
             rows.append(("driver", self.driver))
         return rows
@@ -113,8 +117,8 @@ def run_status(run_dir: RunDir | str | os.PathLike) -> RunStatus:
         return RunStatus(unplanned=state, driver=_driver_state(*lock))
     config = read_run_config(run_dir)
     keys = run_dir.read_keys()
-    finals, _ = choose_finals(run_dir, merged_filters(run_dir, config), keys, ShardScanStats())
-    st = RunStatus(total=len(keys))
+    finals, counts = choose_finals(run_dir, merged_filters(run_dir, config), keys, ShardScanStats())
+    st = RunStatus(total=len(keys), spent_usd=counts["spent_usd"])
     for final in finals.values():
         if final.outcome == "kept":
             st.kept += 1

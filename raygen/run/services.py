@@ -77,8 +77,10 @@ def run_services(
         if config.budget.limits_anything():
             from raygen.distributed.budget import start_budget
 
-            b = config.budget
-            budget = start_budget(str(config.output.run_name), b.max_cost_usd, b.max_tokens, *spent)
+            b, model = config.budget, config.model
+            # A call (with its retries) that has not settled after this long has lost its session actor.
+            ttl_s = getattr(model, "timeout_s", 600.0) * (getattr(model, "max_retries", 0) + 2)
+            budget = start_budget(str(config.output.run_name), b.max_cost_usd, b.max_tokens, spent, ttl_s)
         yield RunServices(plan=plan, monitor=monitor, generation=generation, reporter=reporter, budget=budget)
 
 
