@@ -107,6 +107,23 @@ def test_a_call_that_fits_only_after_settlements_waits_and_one_that_never_fits_i
     assert ledger.snapshot()["refused"] == 2
 
 
+def test_new_sessions_stop_while_open_ones_may_still_need_the_rest():
+    ledger = BudgetLedger(max_usd=1.0)
+    assert ledger.reserve(0.1, 0, session="b") not in (None, WAIT)  # before any finished: call rule only
+    first = ledger.reserve(0.1, 0, session="a")
+    ledger.settle(first, 0.3, 0)
+    ledger.end_session("a")  # a finished session costs 0.3 on average
+    ledger.settle(1, 0.1, 0)  # b has spent 0.1 of it: it may need 0.2 more
+    c = ledger.reserve(0.1, 0, session="c")  # 0.4 spent + 0.2 for b + 0.1 fits
+    assert c not in (None, WAIT)
+    ledger.settle(c, 0.1, 0)  # 0.5 spent; b and c may need 0.2 each
+    assert ledger.reserve(0.2, 0, session="d") is None  # 0.5 + 0.4 + 0.2 > 1.0: no new session
+    assert ledger.sessions_closed == "cost" and not ledger.reached
+    assert ledger.reserve(0.01, 0, session="e") is None  # for good
+    assert ledger.reserve(0.2, 0, session="b") not in (None, WAIT)  # open sessions go on
+    assert ledger.snapshot()["reached"] == "cost" and ledger.snapshot()["open_sessions"] == 2
+
+
 def test_token_budget_and_spend_of_earlier_invocations():
     ledger = BudgetLedger(max_tokens=1000, spent_tokens=900)
     assert ledger.reserve(0.0, 101) is None and ledger.reached == "tokens"

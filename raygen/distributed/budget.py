@@ -1,12 +1,16 @@
 """The run's budget: one named Ray actor per run that every session on every node asks before each model
 call (``--max-cost``, ``--max-tokens``; docs/cost.md).
 
-Admission rule: a call is admitted only while what was spent plus what the calls in flight reserved plus
-this call's reservation stays within the cap; a call that does not fit yet waits for calls in flight to
-settle. The budget is reached when a call would not fit even with nothing in flight (spent plus its
-reservation over the cap): that call and every later one are refused, so the run stops instead of
-trickling on. What the calls in flight then spend beyond their reservations is the overshoot;
+Admission rule, per model call: a call is admitted only while what was spent plus what the calls in
+flight reserved plus this call's reservation stays within the cap; a call that does not fit yet waits for
+calls in flight to settle. The budget is reached when a call would not fit even with nothing in flight
+(spent plus its reservation over the cap): that call and every later one are refused, so the run stops
+instead of trickling on. What the calls in flight then spend beyond their reservations is the overshoot;
 ``BudgetLedger`` measures it and the upper bound it obeys.
+
+And per session: a session's first call is admitted only if, besides, the sessions already open can
+still spend what a finished session cost on average (less what each spent so far). Else new sessions
+stop for good while the open ones go on: a budget is spent finishing sessions, not cutting many short.
 
 ``BudgetLedger`` is the plain logic (tested without Ray); ``BudgetService`` is the actor's body;
 ``raygen.distributed.budget_client.BudgetClient`` is a session actor's side.
@@ -55,11 +59,25 @@ class BudgetLedger:
     max_in_flight: int = 0
     in_flight_at_stop: int = 0
     """Calls in flight when admission ended: what could still spend past the cap."""
+    sessions_closed: str = ""
+    """Why new sessions stopped being admitted (``""`` while they are)."""
+    open: dict[str, list[float]] = field(default_factory=dict)
+    """Sessions that made a call and have not ended: session -> [USD, tokens] spent so far."""
+    done: list[float] = field(default_factory=lambda: [0, 0.0, 0])
+    """Ended sessions that made a call: [count, USD, tokens]."""
+    _ticket_session: dict[int, str] = field(default_factory=dict)
     _tickets: Any = field(default_factory=lambda: itertools.count(1))
 
-    def reserve(self, usd: float, tokens: int, now: float = 0.0) -> int | None:
-        """A ticket for a call of about ``usd`` and ``tokens``; ``WAIT`` when it fits only once calls in
-        flight settle; None when the budget is reached."""
+    def reserve(self, usd: float, tokens: int, now: float = 0.0, session: str | None = None) -> int | None:
+        """A ticket for a call of about ``usd`` and ``tokens`` of ``session``; ``WAIT`` when it fits only
+        once calls in flight settle; None when the budget is reached (or, for a session's first call, when
+        new sessions stopped)."""
+        if session is not None and session not in self.open and not self.reached:
+            if not self.sessions_closed:
+                self.sessions_closed = self._over_with_open(usd, tokens)
+            if self.sessions_closed:
+                self.refused += 1
+                return None
         if not self.reached:
             self.reached = self._over(usd, tokens, in_flight=False)
             if self.reached:
@@ -71,6 +89,9 @@ class BudgetLedger:
             return WAIT
         ticket = next(self._tickets)
         self.reserved[ticket] = (usd, tokens, now)
+        if session is not None:
+            self.open.setdefault(session, [0.0, 0])
+            self._ticket_session[ticket] = session
         self.admitted += 1
         self.max_in_flight = max(self.max_in_flight, len(self.reserved))
         return ticket
@@ -84,6 +105,24 @@ class BudgetLedger:
             return "tokens"
         return ""
 
+    def _over_with_open(self, usd: float, tokens: int) -> str:
+        """Whether a new session's first call would leave the open sessions less than a finished session
+        spends on average (nothing is held back before a session has finished)."""
+        count, done_usd, done_tokens = self.done
+        if not count:
+            return ""
+        need_usd = sum(max(0.0, done_usd / count - spent[0]) for spent in self.open.values())
+        need_tokens = sum(max(0.0, done_tokens / count - spent[1]) for spent in self.open.values())
+        return self._over(usd + need_usd, int(tokens + need_tokens), in_flight=True)
+
+    def end_session(self, session: str) -> None:
+        """``session`` ended: what it spent becomes part of the average a new session is judged by."""
+        spent = self.open.pop(session, None)
+        if spent is not None:
+            self.done[0] += 1
+            self.done[1] += spent[0]
+            self.done[2] += spent[1]
+
     def expire(self, now: float) -> None:
         """Drop reservations older than ``ttl_s`` (their calls' cost is never known)."""
         for ticket in [t for t, r in self.reserved.items() if now - r[2] > self.ttl_s]:
@@ -93,6 +132,9 @@ class BudgetLedger:
     def settle(self, ticket: int | None, usd: float, tokens: int) -> None:
         """The call of ``ticket`` cost ``usd`` and ``tokens`` (an unknown or None ticket still counts)."""
         reserved_usd, reserved_tokens, _ = self.reserved.pop(ticket, None) or (usd, tokens, 0.0)
+        if (session := self._ticket_session.pop(ticket, None)) in self.open:
+            self.open[session][0] += usd
+            self.open[session][1] += tokens
         self.spent_usd += usd
         self.spent_tokens += tokens
         self.excess_usd += max(0.0, usd - reserved_usd)
@@ -107,7 +149,9 @@ class BudgetLedger:
             "max_tokens": self.max_tokens,
             "spent_usd": self.spent_usd,
             "spent_tokens": self.spent_tokens,
-            "reached": self.reached,
+            "reached": self.reached or self.sessions_closed,
+            "sessions_closed": self.sessions_closed,
+            "open_sessions": len(self.open),
             "in_flight": len(self.reserved),
             "reserved_usd": sum(r[0] for r in self.reserved.values()),
             "admitted": self.admitted,
@@ -130,11 +174,11 @@ class BudgetService:
         self.ledger = BudgetLedger(max_usd, max_tokens, spent[0], spent[1], ttl_s=ttl_s)
         self._settled = asyncio.Event()
 
-    async def reserve(self, usd: float, tokens: int) -> int | None:
+    async def reserve(self, usd: float, tokens: int, session: str | None = None) -> int | None:
         while True:
             now = time.monotonic()
             self.ledger.expire(now)
-            ticket = self.ledger.reserve(usd, tokens, now)
+            ticket = self.ledger.reserve(usd, tokens, now, session)
             if ticket != WAIT:
                 return ticket
             self._settled.clear()
@@ -143,6 +187,10 @@ class BudgetService:
 
     async def settle(self, ticket: int | None, usd: float, tokens: int) -> None:
         self.ledger.settle(ticket, usd, tokens)
+        self._settled.set()
+
+    async def end_session(self, session: str) -> None:
+        self.ledger.end_session(session)
         self._settled.set()
 
     async def snapshot(self) -> dict[str, Any]:

@@ -28,9 +28,9 @@ class BudgetClient:
             self._actor = ray.get_actor(self.name, namespace=NAMESPACE)
         return self._actor
 
-    async def reserve(self, usd: float, tokens: int) -> int:
+    async def reserve(self, usd: float, tokens: int, session: str | None = None) -> int:
         try:
-            ticket = await self._budget().reserve.remote(usd, tokens)
+            ticket = await self._budget().reserve.remote(usd, tokens, session)
         except (ValueError, ray.exceptions.RayActorError) as exc:  # gone: never admit past a lost count
             raise SessionFailure("budget_reached", f"the run's budget actor is gone: {exc}") from None
         if ticket is None:
@@ -38,7 +38,14 @@ class BudgetClient:
         return ticket
 
     def settle(self, ticket: Any, usd: float, tokens: int) -> None:
+        self._send("settle", ticket, usd, tokens)
+
+    def end_session(self, session: str) -> None:
+        self._send("end_session", session)
+
+    def _send(self, method: str, *args: Any) -> None:
+        """A call whose answer nobody waits for."""
         try:
-            self._budget().settle.remote(ticket, usd, tokens)
+            getattr(self._budget(), method).remote(*args)
         except (ValueError, ray.exceptions.RayActorError) as exc:
-            log.warning("could not settle a call with the run's budget: %s", exc)
+            log.warning("could not tell the run's budget (%s): %s", method, exc)

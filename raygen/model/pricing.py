@@ -12,6 +12,7 @@ is the cluster-wide one; ``NoBudget`` admits everything). docs/cost.md explains 
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -126,23 +127,30 @@ def combine_sources(sources: set[str]) -> str:
 
 
 class BudgetGate(Protocol):
-    async def reserve(self, usd: float, tokens: int) -> Any:
-        """Admit one model call estimated at ``usd`` and ``tokens``, or raise ``SessionFailure`` with kind
-        ``budget_reached`` when the run's budget cannot take it."""
+    async def reserve(self, usd: float, tokens: int, session: str | None = None) -> Any:
+        """Admit one model call of ``session`` estimated at ``usd`` and ``tokens``, or raise
+        ``SessionFailure`` with kind ``budget_reached`` when the run's budget cannot take it."""
         ...
 
     def settle(self, ticket: Any, usd: float, tokens: int) -> None:
         """The call admitted with ``ticket`` ended having cost ``usd`` and ``tokens`` (0 if it failed)."""
         ...
 
+    def end_session(self, session: str) -> None:
+        """``session`` made its last call."""
+        ...
+
 
 class NoBudget:
     """Admits every call."""
 
-    async def reserve(self, usd: float, tokens: int) -> None:
+    async def reserve(self, usd: float, tokens: int, session: str | None = None) -> None:
         return None
 
     def settle(self, ticket: Any, usd: float, tokens: int) -> None:
+        return None
+
+    def end_session(self, session: str) -> None:
         return None
 
 
@@ -181,6 +189,9 @@ class SessionSpend:
         self.policy = policy
         self.usd = 0.0
         self.sources: set[str] = set()
+        self.session = uuid.uuid4().hex
+        """How the budget tells this session's calls from others' (its first call opens it there)."""
+        self.opened = False
 
     async def before_call(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
         """The call's ticket; raises ``SessionFailure`` (``session_cost_cap``, ``budget_reached``) when the
@@ -192,7 +203,15 @@ class SessionSpend:
                 "session_cost_cap",
                 f"spent ${self.usd:.6f}; the next call may cost up to ${usd:.6f}, over the ${cap:g} cap",
             )
-        return _Ticket(await self.policy.gate.reserve(usd, tokens))
+        ticket = _Ticket(await self.policy.gate.reserve(usd, tokens, self.session))
+        self.opened = True
+        return ticket
+
+    def end(self) -> None:
+        """The session ended (however): the budget stops holding room for it."""
+        if self.opened:
+            self.opened = False
+            self.policy.gate.end_session(self.session)
 
     def after_call(self, ticket: Any, completion: Completion | None) -> None:
         """Settle ``ticket``: with the call's cost, or with nothing when it failed (``completion`` None;

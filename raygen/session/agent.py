@@ -139,6 +139,7 @@ class SessionRunner:
             state.fail("error:internal", "".join(traceback.format_exception_only(exc)).strip())
         finally:
             SAMPLE_INDEX.reset(index)
+            state.spend.end()
         return state.to_record()
 
 
