@@ -159,13 +159,13 @@ def _run(
         f"run {run_name}: {len(expected)} samples, {len(expected) - pending} already done, {pending} to run"
     )
     if dry_run:
+        todo = _pending_samples(config, dataset, generation, ledger, chosen)
+        for line in forecast(todo, config, generation.registry, pricing).lines(pricing, config):
+            reporter.note(line)
         reporter.note(
             f"dry run: at most {pending * config.session.max_turns} model calls "
             f"({pending} sessions x max_turns {config.session.max_turns}); nothing was run"
         )
-        todo = _pending_samples(config, dataset, generation, ledger, chosen)
-        for line in forecast(todo, config, generation.registry, pricing).lines(pricing, config):
-            reporter.note(line)
         return result
 
     run_dir.create()
