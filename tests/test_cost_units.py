@@ -107,21 +107,30 @@ def test_a_call_that_fits_only_after_settlements_waits_and_one_that_never_fits_i
     assert ledger.snapshot()["refused"] == 2
 
 
-def test_new_sessions_stop_while_open_ones_may_still_need_the_rest():
+def test_new_sessions_wait_while_open_ones_may_need_the_rest_and_stop_when_one_would_not_fit_alone():
     ledger = BudgetLedger(max_usd=1.0)
-    assert ledger.reserve(0.1, 0, session="b") not in (None, WAIT)  # before any finished: call rule only
-    first = ledger.reserve(0.1, 0, session="a")
-    ledger.settle(first, 0.3, 0)
+
+    def call(session: str, reserve: float, cost: float | None = None) -> int | None:
+        ticket = ledger.reserve(reserve, 0, session=session)
+        if cost is not None and ticket not in (None, WAIT):
+            ledger.settle(ticket, cost, 0)
+        return ticket
+
+    call("a", 0.1, 0.3)
     ledger.end_session("a")  # a finished session costs 0.3 on average
-    ledger.settle(1, 0.1, 0)  # b has spent 0.1 of it: it may need 0.2 more
-    c = ledger.reserve(0.1, 0, session="c")  # 0.4 spent + 0.2 for b + 0.1 fits
-    assert c not in (None, WAIT)
-    ledger.settle(c, 0.1, 0)  # 0.5 spent; b and c may need 0.2 each
-    assert ledger.reserve(0.2, 0, session="d") is None  # 0.5 + 0.4 + 0.2 > 1.0: no new session
+    call("b", 0.1, 0.1)  # b spent 0.1: it may need 0.2 more
+    assert call("c", 0.1, 0.1) not in (None, WAIT)  # 0.4 spent + 0.2 for b + 0.1 fits
+    # 0.5 spent; b and c may need 0.2 each: d's first call waits (0.5 + 0.4 + 0.2 > 1.0) ...
+    assert call("d", 0.2) == WAIT
+    assert call("b", 0.2, 0.1) not in (None, WAIT)  # ... while open sessions go on
+    ledger.end_session("c")  # c ended at 0.1: the average is 0.2, b (0.2 spent) needs nothing more
+    assert call("d", 0.1, 0.25) not in (None, WAIT)  # 0.6 spent + 0.1 fits now; 0.85 spent after
+    ledger.end_session("b")
+    assert call("e", 0.1) is None  # 0.85 + an average session (0.2) > 1.0: new sessions stop
     assert ledger.sessions_closed == "cost" and not ledger.reached
-    assert ledger.reserve(0.01, 0, session="e") is None  # for good
-    assert ledger.reserve(0.2, 0, session="b") not in (None, WAIT)  # open sessions go on
-    assert ledger.snapshot()["reached"] == "cost" and ledger.snapshot()["open_sessions"] == 2
+    assert call("f", 0.01) is None  # for good
+    assert call("d", 0.1) not in (None, WAIT)  # d is open: it goes on
+    assert ledger.snapshot()["reached"] == "cost"
 
 
 def test_token_budget_and_spend_of_earlier_invocations():

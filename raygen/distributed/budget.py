@@ -9,8 +9,10 @@ instead of trickling on. What the calls in flight then spend beyond their reserv
 ``BudgetLedger`` measures it and the upper bound it obeys.
 
 And per session: a session's first call is admitted only if, besides, the sessions already open can
-still spend what a finished session cost on average (less what each spent so far). Else new sessions
-stop for good while the open ones go on: a budget is spent finishing sessions, not cutting many short.
+still spend what a finished session cost on average (less what each spent so far); until then it waits.
+New sessions stop for good once one would not fit even with no other session open (spent plus the
+average session over the cap), while the open ones go on: a budget is spent finishing sessions, not
+cutting many short.
 
 ``BudgetLedger`` is the plain logic (tested without Ray); ``BudgetService`` is the actor's body;
 ``raygen.distributed.budget_client.BudgetClient`` is a session actor's side.
@@ -62,7 +64,7 @@ class BudgetLedger:
     sessions_closed: str = ""
     """Why new sessions stopped being admitted (``""`` while they are)."""
     open: dict[str, list[float]] = field(default_factory=dict)
-    """Sessions that made a call and have not ended: session -> [USD, tokens] spent so far."""
+    """Sessions that made a call and have not ended: session -> [USD, tokens] spent so far, last call."""
     done: list[float] = field(default_factory=lambda: [0, 0.0, 0])
     """Ended sessions that made a call: [count, USD, tokens]."""
     _ticket_session: dict[int, str] = field(default_factory=dict)
@@ -74,10 +76,12 @@ class BudgetLedger:
         new sessions stopped)."""
         if session is not None and session not in self.open and not self.reached:
             if not self.sessions_closed:
-                self.sessions_closed = self._over_with_open(usd, tokens)
+                self.sessions_closed = self._over(*self._session_alone(usd, tokens), in_flight=False)
             if self.sessions_closed:
                 self.refused += 1
                 return None
+            if self._over_with_open(usd, tokens):
+                return WAIT
         if not self.reached:
             self.reached = self._over(usd, tokens, in_flight=False)
             if self.reached:
@@ -90,7 +94,7 @@ class BudgetLedger:
         ticket = next(self._tickets)
         self.reserved[ticket] = (usd, tokens, now)
         if session is not None:
-            self.open.setdefault(session, [0.0, 0])
+            self.open.setdefault(session, [0.0, 0, now])[2] = now
             self._ticket_session[ticket] = session
         self.admitted += 1
         self.max_in_flight = max(self.max_in_flight, len(self.reserved))
@@ -104,6 +108,13 @@ class BudgetLedger:
         if self.max_tokens is not None and self.spent_tokens + held_tokens + tokens > self.max_tokens:
             return "tokens"
         return ""
+
+    def _session_alone(self, usd: float, tokens: int) -> tuple[float, int]:
+        """What a new session may spend: an average finished one (at least its first call's reservation)."""
+        count, done_usd, done_tokens = self.done
+        if not count:
+            return usd, tokens
+        return max(usd, done_usd / count), int(max(tokens, done_tokens / count))
 
     def _over_with_open(self, usd: float, tokens: int) -> str:
         """Whether a new session's first call would leave the open sessions less than a finished session
@@ -124,10 +135,13 @@ class BudgetLedger:
             self.done[2] += spent[1]
 
     def expire(self, now: float) -> None:
-        """Drop reservations older than ``ttl_s`` (their calls' cost is never known)."""
+        """Drop reservations older than ``ttl_s`` (their calls' cost is never known), and sessions whose last
+        call is that old."""
         for ticket in [t for t, r in self.reserved.items() if now - r[2] > self.ttl_s]:
             del self.reserved[ticket]
             self.expired += 1
+        for session in [s for s, spent in self.open.items() if now - spent[2] > self.ttl_s]:
+            del self.open[session]  # its actor died: it holds no room for calls it will never make
 
     def settle(self, ticket: int | None, usd: float, tokens: int) -> None:
         """The call of ``ticket`` cost ``usd`` and ``tokens`` (an unknown or None ticket still counts)."""
