@@ -25,9 +25,11 @@ from raygen.envs.configs import (  # noqa: F401 (re-exported: one place to impor
 )
 from raygen.input.verify_spec import VerifySpec
 from raygen.model.configs import (  # noqa: F401 (re-exported)
+    BudgetConfig,
     ChatAPIModelConfig,
     ModelConfig,
     OpenAIModelConfig,
+    PriceConfig,
     ProviderConfig,
     ReasoningEffort,
     SamplingConfig,
@@ -403,6 +405,11 @@ class RunConfig(_Section):
     """Data hygiene checks of the prompts before any model call."""
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     """Verified trajectories: the default check of rows without their own."""
+    pricing: dict[str, PriceConfig] = Field(default_factory=dict)
+    """Prices by model name, USD per million tokens, e.g. ``{qwen/qwen3-32b: {input: 0.1, output: 0.3}}``;
+    they win over the built-in table (``raygen.model.pricing``), a provider-reported cost wins over both."""
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    """Run and session spending limits (``--max-cost``, ``--max-tokens``, ``--max-session-cost``)."""
 
 
 def fingerprint(obj: Any) -> str:

@@ -29,6 +29,8 @@ FAILURE_KINDS: dict[str, str] = {
     "internal": "a bug in raygen or a user tool; see the record's error field",
     "verify_error": "the row's check could not run (timeout, grading sandbox lost); never a reward of 0",
     "mcp_server_lost": "an MCP tool server of the session did not start, died or stopped answering",
+    "budget_reached": "the run's --max-cost or --max-tokens was reached before the next model call",
+    "session_cost_cap": "the session's next model call could take it past --max-session-cost",
 }
 RETRYABLE: frozenset[str] = frozenset(
     {
@@ -40,8 +42,12 @@ RETRYABLE: frozenset[str] = frozenset(
         "worker_lost",
         "verify_error",
         "mcp_server_lost",
+        "budget_reached",
     }
 )
+UNCOUNTED: frozenset[str] = frozenset({"budget_reached"})
+"""Retryable kinds whose attempts do not count towards ``retry.max_attempts``: a run stopped at its budget
+was not the sample's fault, so a resume with a larger budget runs it as if it had never been stopped."""
 
 
 class RaygenError(Exception):

@@ -57,7 +57,7 @@ def _quiet() -> ConsoleReporter:
     return ConsoleReporter(Console(file=io.StringIO()))
 
 
-def test_a_dry_run_reads_the_dataset_twice_and_spools_nothing(tmp_path, dataset_reads):
+def test_a_dry_run_reads_the_dataset_twice(tmp_path, dataset_reads):
     dataset = _dataset(tmp_path, 30)
     result = run(_config(tmp_path, dataset), dry_run=True, reporter=_quiet())
     assert result.pending == 30

@@ -29,9 +29,13 @@ from raygen.cli.options import (
     FilterTruncated,
     FilterUnsafe,
     Groups,
+    MaxCost,
+    MaxSessionCost,
+    MaxTokens,
     MinReward,
     Opt,
     OutputFormat,
+    Pilot,
     PrefillMessages,
     ProvidersAllowed,
     ProvidersIgnored,
@@ -159,6 +163,10 @@ def run(
     prefill_messages: PrefillMessages = None,
     ephemeral_system_prompt: EphemeralSystemPrompt = None,
     retry_failed: RetryFailed = None,
+    max_cost: MaxCost = None,
+    max_tokens: MaxTokens = None,
+    max_session_cost: MaxSessionCost = None,
+    pilot: Pilot = None,
     resume: Annotated[bool, Opt(help="Continue the run folder: only pending samples run.")] = False,
     force: Annotated[bool, Opt(help="Resume even if the generation config changed.")] = False,
     dry_run: Annotated[bool, Opt(help="Validate and plan; print the resolved config; run nothing.")] = False,
@@ -197,6 +205,7 @@ def run(
             dry_run=dry_run,
             allow_unsafe_local=allow_unsafe_local,
             reporter=ConsoleReporter(err),
+            pilot=pilot,
         )
     except (ConfigError, InputError) as exc:
         _fail(exc)
@@ -214,6 +223,8 @@ def run(
         raise typer.Exit(EXIT_RESUMABLE) from None
     if result.merge is not None:
         print_run_summary(result, err)
+    if result.stop_reason:
+        err.print(result.stop_reason, highlight=False, markup=False)
     if result.incomplete:
         raise typer.Exit(EXIT_RESUMABLE)
 

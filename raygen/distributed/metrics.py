@@ -8,6 +8,7 @@ cluster figure is a ``sum`` over processes. Every raygen series carries ``run`` 
 - ``raygen_sessions_started``, ``raygen_sessions_finished`` (tag ``status``: ``completed``, ``failed`` for
   an ``error:*`` exit, ``other`` for model outcomes such as ``max_turns``), ``raygen_sessions_failed``;
 - ``raygen_tokens`` (tag ``kind``: ``prompt`` / ``completion``), ``raygen_rate_limited`` (429 answers);
+- ``raygen_cost_usd``: what finished sessions' model calls cost (docs/cost.md);
 - gauges ``raygen_requests_in_flight`` and ``raygen_sandboxes``;
 - ``run`` is the run name with its non-ASCII characters percent-escaped (Ray's tags are ASCII);
 - from the governor actor, gauges ``raygen_governor_target_rpm`` (0 while nothing is paced),
@@ -63,6 +64,7 @@ class WorkerMetrics:
         self.tokens = Counter(
             "raygen_tokens", description="Tokens the provider reported, by kind.", tag_keys=("run", "kind")
         )
+        self.cost = Counter("raygen_cost_usd", description="USD spent on model calls.", tag_keys=("run",))
         self.rate_limited = Counter(
             "raygen_rate_limited", description="Requests answered 429.", tag_keys=("run",)
         )
@@ -82,7 +84,9 @@ class WorkerMetrics:
     def session_started(self) -> None:
         self._add(self.started, self._tags, 1)
 
-    def session_finished(self, exit_status: str) -> None:
+    def session_finished(self, exit_status: str, cost_usd: float = 0.0) -> None:
+        if cost_usd > 0:
+            self._add(self.cost, self._tags, cost_usd)
         failed = exit_status.startswith("error:")
         status = "completed" if exit_status == "completed" else "failed" if failed else "other"
         self._add(self.finished, self._status_tags[status], 1)

@@ -21,6 +21,7 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
+from raygen.distributed.budget_client import BudgetClient
 from raygen.distributed.control_link import ControlLink
 from raygen.distributed.governor import gate_for
 from raygen.distributed.metrics import MeteredGate, WorkerMetrics
@@ -28,6 +29,7 @@ from raygen.distributed.plan import WorkerPlan
 from raygen.envs.processes import use_pidfd_child_watcher
 from raygen.input.rows import Sample
 from raygen.model import create_model
+from raygen.model.pricing import CostPolicy, ModelPricing, reserve_completion_tokens
 from raygen.output.shards import jsonl_safe
 from raygen.output.summary import summarize
 from raygen.session.agent import SessionRunner
@@ -72,6 +74,12 @@ class SessionWorker:
             secret_values=secrets,
             verify_default=cfg.verify.default,
             on_sandbox=self.metrics.sandbox_opened,
+            cost=CostPolicy(
+                ModelPricing.resolve(self.model.name, cfg.pricing),
+                gate=BudgetClient(plan.run_name) if cfg.budget.limits_anything() else None,
+                session_cap_usd=cfg.budget.max_session_cost_usd,
+                reserve_completion_tokens=reserve_completion_tokens(cfg.budget, cfg.sampling),
+            ),
         )
         self.slots = asyncio.Semaphore(cfg.ray.sessions_per_worker)
         self.pid = os.getpid()
@@ -109,7 +117,7 @@ class SessionWorker:
             # Cancelled mid-session (raises only then), the key stays "running": a drain then waits for the
             # task's re-run or its timeout rather than ending while the session's request may be served.
             record = await self.runner.run(sample)
-            self.metrics.session_finished(record.exit_status)
+            self.metrics.session_finished(record.exit_status, record.cost_usd)
             summary = json.dumps(dataclasses.asdict(summarize(record)))
             handed_over.append(self.control.finish(*key, jsonl_safe(record.model_dump_json()), summary))
         finally:

@@ -163,6 +163,12 @@ class Trajectory(BaseModel):
     """Names of tools the model called that were not offered (in call order, repeats kept)."""
     reasoning: ReasoningCounts = Field(default_factory=ReasoningCounts)
     usage: Usage = Field(default_factory=Usage)
+    cost_usd: float = 0.0
+    """What the attempt's model calls cost in USD (provider-reported where sent, else tokens x price)."""
+    cost_source: str = ""
+    """Where ``cost_usd`` came from: ``provider``, ``config`` (``pricing``), ``table`` (built-in prices),
+    ``mixed``, or ``unknown`` (some call had no price: ``cost_usd`` counts only the others); ``""``: no
+    call."""
     timing: Timing = Field(default_factory=Timing)
     model: str = ""
     env: EnvInfo = Field(default_factory=EnvInfo)

@@ -28,6 +28,12 @@ class Completion:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str | None = None
+    cached_tokens: int = 0
+    """Prompt tokens served from the provider's cache (``usage.prompt_tokens_details.cached_tokens``)."""
+    reasoning_tokens: int = 0
+    """Completion tokens spent on reasoning (``usage.completion_tokens_details.reasoning_tokens``)."""
+    cost_usd: float | None = None
+    """The call's cost as the provider reported it (OpenRouter's ``usage.cost``); None when it did not."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Provider details worth keeping (e.g. the OpenRouter provider that served the call)."""
 

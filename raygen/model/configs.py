@@ -15,6 +15,21 @@ from raygen.config_section import Section as _Section
 from raygen.config_section import refuse_non_finite
 
 
+class PriceConfig(_Section):
+    """A model's price in USD per million tokens (``pricing.<model>``), as the provider bills it."""
+
+    input: float = Field(ge=0)
+    """Prompt tokens not served from the provider's prompt cache."""
+    output: float = Field(ge=0)
+    """Completion tokens (reasoning tokens included unless ``reasoning`` is set)."""
+    cached_input: float | None = Field(None, ge=0)
+    """Prompt tokens the provider reports as cached (``usage.prompt_tokens_details.cached_tokens``); unset:
+    the ``input`` price."""
+    reasoning: float | None = Field(None, ge=0)
+    """Reasoning tokens (``usage.completion_tokens_details.reasoning_tokens``), where billed apart; unset: the
+    ``output`` price."""
+
+
 class SimConfig(_Section):
     """The built-in OpenAI-compatible simulator (``raygen sim serve``; default model of ``raygen run``)."""
 
@@ -71,6 +86,9 @@ class SimConfig(_Section):
     every prompt gets the probe script."""
     solve_rate: float = Field(0.5, ge=0, le=1)
     """Share of coding sessions (drawn per prompt and request ``seed``) that write the reference solution."""
+    reported_price: PriceConfig | None = None
+    """Report each answer's cost in ``usage.cost`` (USD) at this price, as OpenRouter does, e.g.
+    ``{input: 0.1, output: 0.3}``; unset: no cost field (docs/cost.md)."""
 
 
 class ChatAPIModelConfig(_Section):
@@ -146,6 +164,28 @@ class SamplingConfig(_Section):
     @classmethod
     def _finite(cls, v: dict[str, Any]) -> dict[str, Any]:
         return refuse_non_finite(v)
+
+
+class BudgetConfig(_Section):
+    """Hard limits on what a run may spend, counted cluster-wide over all its passes and resumes, none of
+    them part of the generation fingerprint (docs/cost.md)."""
+
+    max_cost_usd: float | None = Field(None, gt=0)
+    """``--max-cost``: no model call starts unless the run's spend plus the calls in flight stays under this
+    (USD); at it the run stops admitting, finishes, merges and exits 75. Needs the model's price."""
+    max_tokens: int | None = Field(None, gt=0)
+    """``--max-tokens``: the same limit in tokens (prompt + completion) over the whole run; the per-call
+    completion limit is ``sampling.max_tokens``."""
+    max_session_cost_usd: float | None = Field(None, gt=0)
+    """``--max-session-cost``: a session whose next call could take it past this ends with
+    ``error:session_cost_cap`` (final; its trajectory so far is kept in ``failed/``)."""
+    reserve_completion_tokens: int | None = Field(None, ge=0)
+    """Completion tokens each call reserves from a budget before it is sent (with its prompt, estimated at 4
+    characters a token); unset: ``sampling.max_tokens``, else 4096. The overshoot of a budget is bounded by
+    what the calls in flight spend beyond their reservations (docs/cost.md)."""
+
+    def limits_anything(self) -> bool:
+        return self.max_cost_usd is not None or self.max_tokens is not None
 
 
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]

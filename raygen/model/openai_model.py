@@ -60,8 +60,13 @@ def estimate_tokens(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int | None
 ) -> int:
     """Rough prompt + completion estimate (4 characters a token) for rate limiting before the call."""
+    return estimate_prompt_tokens(messages, tools) + (max_tokens or 512)
+
+
+def estimate_prompt_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int:
+    """Rough prompt tokens of a request (4 characters a token), as the simulator counts them."""
     chars = sum(len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or "")) for m in messages)
-    return (chars + _schema_chars(tools)) // 4 + (max_tokens or 512)
+    return (chars + _schema_chars(tools)) // 4
 
 
 _SCHEMA_CHARS: dict[int, tuple[list[dict[str, Any]], int]] = {}
@@ -245,16 +250,34 @@ class OpenAIChatModel(ChatModel):
         extra = {}
         if getattr(response, "provider", None):  # OpenRouter names the upstream provider
             extra["provider"] = response.provider
+        cached_tokens, reasoning_tokens, cost_usd = usage_details(usage)
         return Completion(
             message=choice.message.model_dump(exclude_none=True),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             finish_reason=choice.finish_reason,
+            cached_tokens=cached_tokens,
+            reasoning_tokens=reasoning_tokens,
+            cost_usd=cost_usd,
             extra=extra,
         )
 
     async def aclose(self) -> None:
         await self.client.close()
+
+
+def usage_details(usage: Any) -> tuple[int, int, float | None]:
+    """Cached prompt tokens, reasoning tokens and the provider-reported cost in USD (OpenRouter's
+    ``usage.cost``; None when absent) of a response's ``usage``, whichever of them the provider sent."""
+    if usage is None:
+        return 0, 0, None
+    data = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)
+    cached = (data.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    reasoning = (data.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    cost = data.get("cost")
+    if not isinstance(cost, int | float) or isinstance(cost, bool) or cost < 0:
+        cost = None
+    return int(cached), int(reasoning), None if cost is None else float(cost)
 
 
 def _classify_status(exc: openai.APIStatusError, retry_after: float | None) -> Exception:

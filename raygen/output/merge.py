@@ -101,6 +101,8 @@ class MergeResult:
     """Records of a key that lost to its final attempt."""
     missing: int | None
     """Expected keys with no record at all (None when ``expected_keys`` was not given)."""
+    spent_usd: float = 0.0
+    """What every attempt recorded cost, superseded ones and earlier passes and resumes included."""
     stats: dict[str, Any] = field(default_factory=dict)
     """The content of ``statistics.json``."""
 
@@ -110,7 +112,7 @@ def choose_finals(
 ) -> tuple[dict[str, FinalRecord], dict[str, int]]:
     finals: dict[str, FinalRecord] = {}
     file_order: dict[str, int] = {}
-    counts = {"records_read": 0, "invalid_records": 0, "stale": 0, "attempts_superseded": 0}
+    counts = {"records_read": 0, "invalid_records": 0, "stale": 0, "attempts_superseded": 0, "spent_usd": 0.0}
     for record, pos in iter_shard_records(run_dir, scan):
         counts["records_read"] += 1
         try:
@@ -120,6 +122,7 @@ def choose_finals(
             logger.warning("skipping invalid record %s @%d: %s", pos.path, pos.offset, exc)
             continue
         key = summary.sample_key
+        counts["spent_usd"] += summary.cost_usd  # paid for, whether or not the merge keeps it
         if expected_keys is not None and key not in expected_keys:
             counts["stale"] += 1
             continue
@@ -319,6 +322,8 @@ def merge_run(
             hermes_writer.close()
             total = len(expected_keys) if expected_keys is not None else sum(map(len, by_outcome.values()))
             stats.update(hermes_writer.statistics(total))
+        stats["cost"]["total_usd"] = counts["spent_usd"]
+        stats["cost"]["superseded_usd"] = max(0.0, counts["spent_usd"] - stats["cost"]["final_usd"])
         stats["merge"] = {
             **counts,
             "unparseable_lines": scan.unparseable_lines,

@@ -56,6 +56,8 @@ SCHEMA = pa.schema(
         pa.field("exit_status", pa.string(), nullable=False),
         pa.field("error", pa.string()),
         pa.field("api_calls", pa.int64(), nullable=False),
+        pa.field("cost_usd", pa.float64(), nullable=False),
+        pa.field("cost_source", pa.string(), nullable=False),
         pa.field("model", pa.string(), nullable=False),
         pa.field("config_fingerprint", pa.string(), nullable=False),
         pa.field(
@@ -149,6 +151,8 @@ def to_row(record: dict[str, Any]) -> dict[str, Any]:
         "exit_status": str(record.get("exit_status") or "completed"),
         "error": None if error is None else str(error),
         "api_calls": int(record.get("api_calls") or 0),
+        "cost_usd": float(record.get("cost_usd") or 0.0),
+        "cost_source": str(record.get("cost_source") or ""),
         "model": str(record.get("model") or ""),
         "config_fingerprint": str(record.get("config_fingerprint") or ""),
         "conversations": [

@@ -29,7 +29,9 @@ from raygen.output.run_dir import MANIFEST_FILE, SHARDS_DIR, STATISTICS_FILE, Ru
 from raygen.output.run_lock import RunLock
 from raygen.output.summary import summarize
 from raygen.output.writable import check_output_folder, check_run_name
+from raygen.run.budget import BUDGET_DRAIN, check_pricing, reached_before_start, reached_line
 from raygen.run.drain import Drain
+from raygen.run.forecast import forecast, pilot_keys, pilot_lines
 from raygen.run.generation import Generation, RunSecrets, recorded_config, resume_check
 from raygen.run.ledger import Ledger, worker_lost_record
 from raygen.run.plan import check_dataset, plan_samples
@@ -53,7 +55,9 @@ class RunResult:
     pending: int = 0
     hygiene: HygieneReport | None = None
     incomplete: bool = False
-    """A signal drained the run before every sample ran: ``--resume`` finishes it (exit code 75)."""
+    """A signal or the budget drained the run before every sample ran: ``--resume`` finishes it (exit 75)."""
+    stop_reason: str | None = None
+    """Why the run stopped early, in one line (``budget reached: $X of $Y; ...``)."""
 
 
 def default_run_name(dataset: Path) -> str:
@@ -68,6 +72,7 @@ def run(
     dry_run: bool = False,
     allow_unsafe_local: bool = False,
     reporter: RunReporter | None = None,
+    pilot: int | None = None,
 ) -> RunResult:
     """Run ``config`` (see the module docstring). What the run has to say goes to ``reporter``: the CLI
     renders it; the default writes it to the ``raygen`` logger."""
@@ -80,6 +85,7 @@ def run(
             dry_run=dry_run,
             allow_unsafe_local=allow_unsafe_local,
             reporter=reporter or RunReporter(),
+            pilot=pilot,
         )
 
 
@@ -92,6 +98,7 @@ def _run(
     dry_run: bool,
     allow_unsafe_local: bool,
     reporter: RunReporter,
+    pilot: int | None = None,
 ) -> RunResult:
     if config.dataset is None:
         raise ConfigError("no dataset given")
@@ -133,17 +140,25 @@ def _run(
         if lock.taken_over is not None:
             reporter.note(f"{run_dir}: taking over from {lock.taken_over.describe()}: gone")
     ledger = Ledger.scan(run_dir) if resume else Ledger()
+    pricing = check_pricing(config, reporter)  # a --max-cost without a price stops here
     max_attempts = config.retry.max_attempts
     if config.retry.retry_failed:
         _reopen_failures(config, ledger, resume, reporter)
-    plan = plan_samples(config, dataset, generation, ledger, None if dry_run else held)
+    plan = plan_samples(config, dataset, generation, ledger, held)
     expected, pending = plan.expected, plan.pending
+    chosen = None  # --pilot N: the pending samples it runs, spread over the categories
+    if pilot is not None:
+        chosen = pilot_keys(((s.sample_key, s.row.category) for s in plan.pending_samples()), pilot)
+        pending = len(chosen)
     result = RunResult(run_dir=run_dir, report=report, pending=pending, dry_run=dry_run, hygiene=hygiene)
     _check_isolation(config, plan.isolation_rows, allow_unsafe_local)
     reporter.note(
         f"run {run_name}: {len(expected)} samples, {len(expected) - pending} already done, {pending} to run"
     )
     if dry_run:
+        todo = plan.pending_samples(only=chosen)
+        for line in forecast(todo, config, generation.registry, pricing).lines(pricing, config):
+            reporter.note(line)
         reporter.note(
             f"dry run: at most {pending * config.session.max_turns} model calls "
             f"({pending} sessions x max_turns {config.session.max_turns}); nothing was run"
@@ -169,14 +184,19 @@ def _run(
 
     live: dict[str, Any] = {}
     with Drain(config.retry.drain_timeout_s) as drain:  # SIGTERM/SIGINT/SIGUSR1: finish, merge, exit 75
-        if pending:
-            samples = plan.pending_samples()
-            with run_services(config, generation, secrets, reporter) as services:
+        if pending and (spent_line := reached_before_start(config, ledger)) is not None:
+            result.incomplete, result.stop_reason = True, spent_line
+        elif pending:
+            samples = plan.pending_samples(only=chosen)
+            spent = (ledger.spent_usd, ledger.spent_tokens)
+            with run_services(config, generation, secrets, reporter, spent) as services:
                 drain.install()  # over the SIGTERM handler ray.init set
                 result.sessions_run, live = _run_passes(services, samples, pending, run_dir, ledger, drain)
             left = sum(ledger.next_attempt(key, max_attempts) is not None for key in expected)
             result.incomplete = drain.requested and left > 0
-            if result.incomplete:
+            if result.incomplete and drain.signal_name == BUDGET_DRAIN:
+                result.stop_reason = reached_line(live["budget"])
+            elif result.incomplete:
                 reporter.note(
                     f"{drain.signal_name}: stopped after the sessions in flight; {left} samples left for "
                     "--resume"
@@ -191,6 +211,11 @@ def _run(
         )
         leaks = _leak_check(secrets.values, checks.row_secrets, run_dir, reporter)
         merge.stats["hygiene"] = {**hygiene.statistics(), **leaks}
+        if chosen is not None and live:
+            slots = config.ray.workers * config.ray.sessions_per_worker
+            left = sum(ledger.next_attempt(key, max_attempts) is not None for key in expected)
+            for line in pilot_lines(live["per_session"], left, slots):
+                reporter.note(line)
         if live:
             # statistics.json describes the dataset (final records); these describe this invocation's work.
             merge.stats["this_invocation"] = live
@@ -266,7 +291,15 @@ def _run_passes(
 
     config = services.config
     work = run_dir.work_dir()  # on the driver's local disk, whatever storage holds the run
-    sink = ResultSink(run_dir, ledger, config, services.reporter, services.monitor.line)
+    sink = ResultSink(
+        run_dir,
+        ledger,
+        config,
+        services.reporter,
+        services.monitor.line,
+        on_budget_reached=lambda: drain.request(BUDGET_DRAIN),
+        spent_before_usd=ledger.spent_usd,
+    )
     try:
         for pass_no in range(1, config.retry.max_attempts + 1):
             if drain.requested:
@@ -300,6 +333,10 @@ def _run_passes(
     live = sink.live_statistics()
     if (governor := services.monitor.report()) is not None:
         live["governor"] = governor
+    if services.budget is not None:
+        from raygen.distributed.budget import budget_snapshot
+
+        live["budget"] = budget_snapshot(services.budget)
     return sink.sessions, live
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from raygen.config import FilterConfig, RunConfig
 from raygen.configfile import run_config_from_manifest
-from raygen.errors import RETRYABLE
+from raygen.errors import RETRYABLE, UNCOUNTED
 from raygen.output.hermes import hermes_options
 from raygen.output.merge import MergeResult, choose_finals, merge_run
 from raygen.output.run_dir import KEYS_FILE, MANIFEST_FILE, STATISTICS_FILE, RunDir
@@ -111,6 +111,8 @@ class RunStatus:
     """Final failures: not retryable, or out of attempts."""
     pending: int = 0
     """Never finished, or failed with a retryable kind and attempts left (``--resume`` runs them)."""
+    spent_usd: float = 0.0
+    """What every recorded attempt cost (docs/cost.md)."""
     driver: str | None = None
     """The driver holding the run (``driver.lock``), when there is one: running, or dead and stale."""
     unplanned: str | None = None
@@ -124,6 +126,8 @@ class RunStatus:
         rows += [(f"rejected: {k}", v) for k, v in sorted(self.rejected.items())]
         rows += [(f"failed: {k}", v) for k, v in sorted(self.failed.items())]
         rows.append(("pending", self.pending))
+        if self.spent_usd > 0:
+            rows.append(("spent (USD, all attempts)", f"{self.spent_usd:.4f}"))
         if self.driver:
             rows.append(("driver", self.driver))
         return rows
@@ -140,14 +144,16 @@ def run_status(run_dir: RunDir | str | os.PathLike) -> RunStatus:
         return RunStatus(unplanned=state, driver=_driver_state(*lock))
     config = read_run_config(run_dir)
     keys = run_dir.read_keys()
-    finals, _ = choose_finals(run_dir, merged_filters(run_dir, config), keys, ShardScanStats())
-    st = RunStatus(total=len(keys))
+    finals, counts = choose_finals(run_dir, merged_filters(run_dir, config), keys, ShardScanStats())
+    st = RunStatus(total=len(keys), spent_usd=counts["spent_usd"])
     for final in finals.values():
         if final.outcome == "kept":
             st.kept += 1
         elif final.outcome == "rejected":
             st.rejected[final.reason or "?"] = st.rejected.get(final.reason or "?", 0) + 1
-        elif final.reason in RETRYABLE and final.rank[1] < config.retry.max_attempts:
+        elif final.reason in UNCOUNTED or (
+            final.reason in RETRYABLE and final.rank[1] < config.retry.max_attempts
+        ):
             st.pending += 1
         else:
             st.failed[final.reason or "?"] = st.failed.get(final.reason or "?", 0) + 1

@@ -64,12 +64,15 @@ class SamplePlan:
     spool: Path | None = None
     """The pending samples, one JSON line each, as the attempt each runs next (None: not kept)."""
 
-    def pending_samples(self) -> Iterator[Sample]:
+    def pending_samples(self, only: set[str] | None = None) -> Iterator[Sample]:
+        """The spooled samples (those of ``only``, if given), as the attempt each runs next."""
         if self.spool is None:
             return
         with self.spool.open(encoding="utf-8") as handle:
             for line in handle:
-                yield Sample.model_validate_json(line)
+                sample = Sample.model_validate_json(line)
+                if only is None or sample.sample_key in only:
+                    yield sample
 
 
 def plan_samples(

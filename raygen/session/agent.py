@@ -39,6 +39,7 @@ from raygen.formats.text import cap_text
 from raygen.input.rows import Sample
 from raygen.input.verify_spec import VerifySpec
 from raygen.model.base import SAMPLE_INDEX, ChatModel
+from raygen.model.pricing import CostPolicy, ModelPricing, SessionSpend
 from raygen.safety import label_tool_call
 from raygen.session.offer import OFFERS_KEPT, Offer
 from raygen.session.record import build_record
@@ -66,10 +67,13 @@ class SessionRunner:
         verify_default: VerifySpec | None = None,
         on_sandbox: Callable[[int], None] | None = None,
         mcp: McpSettings | None = None,
+        cost: CostPolicy | None = None,
     ):
         self.model = model
         self.mcp = mcp or McpSettings()
         """The run's MCP servers and options (raygen/tools/mcp_session.py)."""
+        # Prices each call and keeps it within the run's and the session's budgets (raygen.model.pricing).
+        self.cost = cost or CostPolicy(ModelPricing.resolve(model.name))
         self.on_sandbox = on_sandbox
         """Told +1 when a session's environment starts and -1 when it closes (metrics)."""
         self.verify_default = verify_default
@@ -116,6 +120,7 @@ class SessionRunner:
             state.fail("error:internal", "".join(traceback.format_exception_only(exc)).strip())
         finally:
             SAMPLE_INDEX.reset(index)
+            state.spend.end()
         return state.to_record()
 
 
@@ -142,6 +147,7 @@ class _SessionState:
         self.reasoning = ReasoningCounts()
         self.turns: list[TurnInfo] = []
         self.usage = Usage()
+        self.spend = SessionSpend(runner.cost)
         self.api_calls = 0
         self.completed = False
         self.exit_status = "max_turns"
@@ -272,15 +278,18 @@ class _SessionState:
 
     async def _loop(self, ctx: ToolContext) -> None:
         for _ in range(self.runner.cfg.max_turns):
+            sent = request_messages(
+                self.messages, self.runner.cfg.ephemeral_system_prompt, self.runner.sent_prefill
+            )
+            ticket = await self.spend.before_call(sent, self.schemas)  # a budget may end the session here
             t = time.monotonic()
             self.api_calls += 1  # before the call: one that fails after its retries was still made
+            completion = None
             try:
-                sent = request_messages(
-                    self.messages, self.runner.cfg.ephemeral_system_prompt, self.runner.sent_prefill
-                )
                 completion = await self.runner.model.complete(sent, self.schemas)
             finally:
                 self.model_s += time.monotonic() - t
+                self.spend.after_call(ticket, completion)
             self.usage.prompt_tokens += completion.prompt_tokens
             self.usage.completion_tokens += completion.completion_tokens
             message = {k: v for k, v in completion.message.items() if v is not None}

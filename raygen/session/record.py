@@ -37,6 +37,8 @@ def build_record(state: Any) -> Trajectory:
         hallucinated_tools=state.hallucinated,
         reasoning=state.reasoning,
         usage=state.usage,
+        cost_usd=state.spend.usd,
+        cost_source=state.spend.source,
         timing=Timing(
             started_at=_iso(state.started),
             ended_at=_iso(ended),

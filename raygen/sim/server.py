@@ -297,6 +297,9 @@ class SimServer:
                 "total_tokens": reply.prompt_tokens + reply.completion_tokens,
             },
         }
+        if (price := self.cfg.reported_price) is not None:  # as OpenRouter reports a call's cost
+            micro = reply.prompt_tokens * price.input + reply.completion_tokens * price.output
+            payload["usage"]["cost"] = micro / 1e6
         if self.cfg.provider_name:
             payload["provider"] = self.cfg.provider_name
         if body.get("stream"):
