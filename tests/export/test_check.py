@@ -94,3 +94,15 @@ def test_a_template_that_cannot_render_is_reported(run_dir, tmp_path):
     # the captured trajectories still export from the server's ids; the others cannot
     assert result.rows == 6 and result.sources == {"captured": 6}
     assert result.skipped == {"no token ids captured (sampling.return_token_ids) and the template failed": 2}
+
+
+def test_the_report_shows_the_last_check(run_dir, tmp_path):
+    from raygen.eval.report import build_report
+
+    (run_dir / "template_check.json").unlink(missing_ok=True)
+    html, _, _ = build_report(run_dir)
+    assert 'id="tokens"' in html and "No template check yet" in html
+    export_run(run_dir, ExportOptions(fmt="tokens", out=str(tmp_path / "t"), tokenizer=TOKENIZER, check=True))
+    html, _, _ = build_report(run_dir)
+    assert "Tokens per trajectory" in html and "same tokens as the server" in html
+    assert "6 of 6" in html and "No template check yet" not in html
