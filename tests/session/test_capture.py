@@ -147,3 +147,16 @@ async def test_redacted_record_drops_its_token_ids():
     assert secret not in rec.model_dump_json()
     assert all(t.token_ids is None and t.prompt_token_ids is None for t in rec.turns)
     assert all(t.logprobs for t in rec.turns)
+
+
+def test_capture_options_enter_the_fingerprint_only_when_set():
+    """Runs made before the options existed keep their fingerprint (and resume); turning capture on is a
+    different generation config."""
+    from raygen.config import RunConfig
+    from raygen.run.generation import Generation
+
+    plain = Generation.build(RunConfig())
+    assert not {"logprobs", "top_logprobs", "return_token_ids"} & set(plain.settings["sampling"])
+    capturing = Generation.build(RunConfig.model_validate({"sampling": {"return_token_ids": True}}))
+    assert capturing.settings["sampling"]["return_token_ids"] is True
+    assert capturing.fingerprint != plain.fingerprint
