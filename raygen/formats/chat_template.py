@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from typing import Any
 
 from raygen.errors import ConfigError
@@ -24,13 +25,18 @@ INSTALL_HINT = 'pip install "raygen[export]"'
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(name_or_path: str) -> Any:
     """A Hugging Face tokenizer with a chat template; ConfigError naming the fix when it cannot load.
-    Nothing is downloaded unless the hub is reachable and the name is not a local folder."""
+    A local folder, or a hub name already in the local cache: nothing is downloaded (an export must not
+    depend on the network, and the tokenizer it renders with is one the user chose)."""
+    if name_or_path.startswith(("/", "./", "../", "~")) and not os.path.isdir(
+        os.path.expanduser(name_or_path)
+    ):
+        raise ConfigError(f"cannot load tokenizer {name_or_path!r}: no such folder")
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
         raise ConfigError(f"--tokenizer needs transformers: {INSTALL_HINT} ({exc})") from None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(name_or_path), local_files_only=True)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"cannot load tokenizer {name_or_path!r}: {first}") from None

@@ -32,6 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
+from raygen.formats.chat_template import load_tokenizer
 from raygen.model.configs import SimConfig
 from raygen.model.sim_policy import (
     count_assistant_turns,
@@ -133,6 +134,8 @@ class SimServer:
         """Base URL of the OpenAI API, e.g. ``http://127.0.0.1:PORT/v1``."""
 
     async def start(self) -> None:
+        if self.cfg.tokenizer:  # fail at start, naming the fix, rather than with a 500 per request
+            load_tokenizer(self.cfg.tokenizer)
         app = web.Application(client_max_size=256 * 1024 * 1024)  # long agent conversations are big
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)

@@ -107,3 +107,22 @@ def test_cut_rows_end_at_a_reply(run_dir, tmp_path, tokenizer):
 def _rows_of(run_dir, out):
     export_run(run_dir, ExportOptions(fmt="tokens", out=str(out)))
     return _rows(out)
+
+
+def test_the_merged_parquet_keeps_the_captured_turns(run_dir):
+    """data/*.parquet holds the turns' ids and logprobs typed, with the loss mask, under one schema."""
+    ds = datasets.load_dataset("parquet", data_files=str(run_dir / "data" / "*.parquet"), split="train")
+    records = kept_records(run_dir)
+    for row in ds:
+        record = records[row["id"]]
+        assert row["loss_mask"] == record["loss_mask"]
+        assert [t["token_ids"] for t in row["turns"]] == [t["token_ids"] for t in record["turns"]]
+        assert [t["prompt_token_ids_from"] for t in row["turns"]] == [
+            t["prompt_token_ids_from"] for t in record["turns"]
+        ]
+        if record["turns"][0]["logprobs"]:
+            assert row["turns"][0]["logprobs"] == pytest.approx(record["turns"][0]["logprobs"])
+            assert (
+                row["turns"][0]["top_logprobs"][0][0]["token"]
+                == record["turns"][0]["top_logprobs"][0][0]["token"]
+            )

@@ -160,3 +160,11 @@ def test_capture_options_enter_the_fingerprint_only_when_set():
     capturing = Generation.build(RunConfig.model_validate({"sampling": {"return_token_ids": True}}))
     assert capturing.settings["sampling"]["return_token_ids"] is True
     assert capturing.fingerprint != plain.fingerprint
+
+
+async def test_a_simulator_whose_tokenizer_cannot_load_does_not_start(tmp_path):
+    from raygen.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cannot load tokenizer"):
+        async with SimServer(SimConfig(tokenizer=str(tmp_path / "missing"))):
+            pass
