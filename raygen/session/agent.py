@@ -33,7 +33,6 @@ from raygen.formats.records import (
     SafetyLabel,
     Timing,
     ToolStat,
-    TopLogprob,
     Trajectory,
     TurnInfo,
     Usage,
@@ -42,11 +41,11 @@ from raygen.formats.records import (
 from raygen.formats.scrub import Scrubber, worker_secret_values
 from raygen.formats.sharegpt import to_sharegpt, tools_block
 from raygen.formats.text import cap_text
-from raygen.formats.token_ids import stored_prompt_ids
 from raygen.input.rows import Sample
 from raygen.input.verify_spec import VerifySpec
-from raygen.model.base import SAMPLE_INDEX, ChatModel, Completion
+from raygen.model.base import SAMPLE_INDEX, ChatModel
 from raygen.safety import label_tool_call, rules_version
+from raygen.session.capture import TurnCapture
 from raygen.tools.base import Tool, ToolContext, ToolResult
 from raygen.verify.grader import VerifyError, collect_artifacts, grade
 
@@ -155,8 +154,7 @@ class _SessionState:
         self.messages.append({"role": "user", "content": sample.row.prompt})
         self.first_generated = len(self.messages)
         """Index of the first message the session itself adds (the loss mask's start)."""
-        self.token_context: list[int] | None = None
-        """The previous turn's prompt + reply token ids, where captured (raygen.formats.token_ids)."""
+        self.capture = TurnCapture()
         self.tool_stats = {name: ToolStat() for name in runner.registry.all_tool_names()}
         self.tool_errors: dict[str, int] = {}
         self.hallucinated: list[str] = []
@@ -290,7 +288,7 @@ class _SessionState:
             self.usage.completion_tokens += completion.completion_tokens
             message = {k: v for k, v in completion.message.items() if v is not None}
             message["role"] = "assistant"
-            self.turns.append(self._turn_info(completion))
+            self.turns.append(self.capture.turn(completion))
             size, limit = reply_chars(message), self.runner.cfg.max_reply_chars
             if size > limit:
                 self.messages.append(cut_reply(message, size))  # its head, so the record shows what came
@@ -322,25 +320,6 @@ class _SessionState:
                         "content": result.content,
                     }
                 )
-
-    def _turn_info(self, completion: Completion) -> TurnInfo:
-        """The turn's finish reason and provider, and what the response said about tokens."""
-        turn = TurnInfo(finish_reason=completion.finish_reason, provider=completion.extra.get("provider"))
-        found = completion.tokens
-        if found is None:
-            return turn
-        turn.model, turn.system_fingerprint = found.model, found.system_fingerprint
-        turn.token_ids, turn.logprobs, turn.tokens = found.token_ids, found.logprobs, found.tokens
-        if found.top_logprobs is not None:
-            turn.top_logprobs = [[TopLogprob(**alt) for alt in alts] for alts in found.top_logprobs]
-        if found.prompt_token_ids is not None:
-            turn.prompt_token_ids, turn.prompt_token_ids_from = stored_prompt_ids(
-                found.prompt_token_ids, self.token_context
-            )
-            self.token_context = found.prompt_token_ids + (found.token_ids or [])
-        if found.prompt_token_ids is None or found.token_ids is None:
-            self.token_context = None
-        return turn
 
     async def _call_tool(self, call: dict[str, Any], ctx: ToolContext) -> ToolResult:
         fn = call.get("function") or {}

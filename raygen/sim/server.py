@@ -43,7 +43,7 @@ from raygen.model.sim_policy import (
 )
 from raygen.sim.limits import RateLimits
 from raygen.sim.streaming import stream_reply
-from raygen.sim.tokens import token_fields, wanted
+from raygen.sim.tokens import add_token_fields
 
 URL_LINE_PREFIX = "RAYGEN_SIM_URL="
 """First stdout line of ``python -m raygen.sim``: the bound base URL."""
@@ -287,34 +287,22 @@ class SimServer:
         self.stats.completion_tokens += reply.completion_tokens
         calls = [tc["function"]["name"] for tc in reply.message.get("tool_calls", ())]
         self._record(200, body, reply.decision, calls, reply.prompt_tokens + reply.completion_tokens)
-        choice = {
-            "index": 0,
-            "message": reply.message,
-            "finish_reason": reply.finish_reason,
-            "logprobs": None,
-        }
         payload = {
             "id": f"chatcmpl-{secrets.token_hex(12)}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model or SIM_MODEL_ID,
             "system_fingerprint": f"raygen-sim-{self.cfg.seed}",
-            "choices": [choice],
+            "choices": [
+                {"index": 0, "message": reply.message, "finish_reason": reply.finish_reason, "logprobs": None}
+            ],
             "usage": {
                 "prompt_tokens": reply.prompt_tokens,
                 "completion_tokens": reply.completion_tokens,
                 "total_tokens": reply.prompt_tokens + reply.completion_tokens,
             },
         }
-        if wanted(body):  # token ids and logprobs, as vLLM sends them (raygen/sim/tokens.py)
-            response_fields, choice_fields, tokens = token_fields(body, reply.message, self.cfg.tokenizer)
-            payload.update(response_fields)
-            choice.update(choice_fields)
-            payload["usage"] = {
-                "prompt_tokens": len(tokens.prompt_ids),
-                "completion_tokens": len(tokens.reply_ids),
-                "total_tokens": len(tokens.prompt_ids) + len(tokens.reply_ids),
-            }
+        add_token_fields(payload, body, self.cfg.tokenizer)  # ids and logprobs, when asked
         if self.cfg.provider_name:
             payload["provider"] = self.cfg.provider_name
         if body.get("stream"):

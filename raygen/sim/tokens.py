@@ -71,8 +71,17 @@ def tokenizer_tokens(
     return SimTokens(prompt, ids, [tokenizer.decode([i]) for i in ids])
 
 
-def wanted(body: dict[str, Any]) -> bool:
-    return bool(body.get("return_token_ids") or body.get("logprobs") or body.get("top_logprobs"))
+def add_token_fields(payload: dict[str, Any], body: dict[str, Any], tokenizer: str | None) -> None:
+    """Add to ``payload`` (a complete response body) the ids and logprobs ``body`` asks for, as vLLM
+    does, and count the ids in its usage."""
+    if not (body.get("return_token_ids") or body.get("logprobs") or body.get("top_logprobs")):
+        return
+    choice = payload["choices"][0]
+    response_fields, choice_fields, tokens = token_fields(body, choice["message"], tokenizer)
+    payload.update(response_fields)
+    choice.update(choice_fields)
+    prompt, reply = len(tokens.prompt_ids), len(tokens.reply_ids)
+    payload["usage"] = {"prompt_tokens": prompt, "completion_tokens": reply, "total_tokens": prompt + reply}
 
 
 def token_fields(
