@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("envs", "model", "tools", "input", "safety"),
     ("sim", "verify", "config", "configfile"),
     ("session", "output"),
-    ("hygiene", "eval"),
+    ("hygiene", "eval", "export"),
     ("distributed",),
     ("run",),
     ("cli", "docs_gen"),

@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from raygen.cli import eval as eval_commands
+from raygen.cli import export as export_commands
 from raygen.cli import hygiene as hygiene_commands
 from raygen.cli import verify as verify_commands
 from raygen.cli.console import ConsoleReporter, print_counts, print_run_summary
@@ -374,8 +375,9 @@ def sim_serve(
     asyncio.run(serve_forever(cfg, lambda url: err.print(f"simulator listening on {url}")))
 
 
-# The commands that live in their own module of this package (report/sample/compare, hygiene, rescore).
-for _commands in (eval_commands, hygiene_commands, verify_commands):
+# The commands that live in their own module of this package (report/sample/compare, hygiene, rescore,
+# export).
+for _commands in (eval_commands, hygiene_commands, verify_commands, export_commands):
     _commands.register(app)
 
 

@@ -118,13 +118,42 @@ class Artifact(BaseModel):
     """``utf-8`` or ``base64`` (the file was not valid UTF-8)."""
 
 
+class TopLogprob(BaseModel):
+    """One alternative token at a position of a reply (``sampling.top_logprobs``)."""
+
+    token: str
+    logprob: float
+
+
 class TurnInfo(BaseModel):
-    """What the provider said about one model call besides the message."""
+    """What the provider said about one model call besides the message. The token fields are filled only
+    when ``sampling`` asks for them and the endpoint answers (docs/exports.md, "What is captured")."""
 
     finish_reason: str | None = None
     """``stop``, ``tool_calls``, ``length`` (the reply was cut at the token limit), ... as sent."""
     provider: str | None = None
     """The upstream provider that served the call, where the endpoint names it (OpenRouter's ``provider``)."""
+    model: str | None = None
+    """The model the response names (a served snapshot or weights version; ``response.model``)."""
+    system_fingerprint: str | None = None
+    """The backend configuration the response names (``system_fingerprint``), where sent."""
+    prompt_token_ids: list[int] | None = None
+    """The prompt's token ids as the server rendered them (vLLM ``return_token_ids``), stored from
+    position ``prompt_token_ids_from`` on: the positions before it are the previous turn's prompt and
+    reply ids, which this prompt repeats (stored once, so a session's ids grow linearly, not
+    quadratically)."""
+    prompt_token_ids_from: int = 0
+    """Where ``prompt_token_ids`` starts in the full prompt: 0 for the first turn, and for any prompt that
+    does not begin with the previous turn's prompt and reply (the chat template re-rendered history)."""
+    token_ids: list[int] | None = None
+    """The reply's token ids as sampled (vLLM ``return_token_ids``)."""
+    logprobs: list[float] | None = None
+    """The sampler's logprob of each reply token (``sampling.logprobs``)."""
+    tokens: list[str] | None = None
+    """Each reply token's text, as the logprobs name it: kept only when the server sent no token ids, so a
+    reader can still align the logprobs with the text."""
+    top_logprobs: list[list[TopLogprob]] | None = None
+    """Per reply token, the most likely alternatives (``sampling.top_logprobs`` > 0)."""
 
 
 class Trajectory(BaseModel):
@@ -189,7 +218,22 @@ class Trajectory(BaseModel):
     artifacts: list[Artifact] = Field(default_factory=list)
     """The declared artifacts as the agent left them."""
     turns: list[TurnInfo] = Field(default_factory=list)
-    """One entry per model call that answered, in order: its finish reason and serving provider."""
+    """One entry per model call that answered, in order: its finish reason and serving provider, and the
+    token ids and logprobs where captured. The n-th entry belongs to the n-th assistant message."""
+    loss_mask: list[int] = Field(default_factory=list)
+    """One 0/1 per message of ``messages``: 1 for the messages a trainer learns from (the model's own
+    replies), 0 for the rest (``raygen.formats.loss_mask``, docs/exports.md)."""
+
+    def without_token_ids(self) -> Trajectory:
+        """The record with its turns' token ids and token texts dropped (logprobs kept): for a record whose
+        text had a secret redacted, as the ids would still encode it."""
+        turns = [
+            t.model_copy(
+                update={"prompt_token_ids": None, "token_ids": None, "tokens": None, "top_logprobs": None}
+            )
+            for t in self.turns
+        ]
+        return self.model_copy(update={"turns": turns})
 
 
 TOOL_ERROR_KINDS = ("hallucinated", "invalid_arguments", "execution", "timeout")

@@ -31,6 +31,7 @@ from raygen.model.configs import ChatAPIModelConfig, SamplingConfig
 from raygen.model.gate import OpenGate, RateGate
 from raygen.model.provider_options import request_options
 from raygen.model.streaming import StreamStalled, assemble
+from raygen.model.token_capture import capture, request_fields
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,8 @@ class OpenAIChatModel(ChatModel):
         self.config = config
         self.sampling = sampling
         self.gate = gate or OpenGate()
+        self.capture_fields = request_fields(sampling)
+        """Token ids and logprobs asked of each request (``sampling.logprobs``, ``return_token_ids``)."""
         # aiohttp transport: the default httpx pool walks every pooled connection on each request,
         # which dominates CPU at thousands of concurrent sessions (bench/README.md, findings).
         self.client = openai.AsyncOpenAI(
@@ -148,6 +151,7 @@ class OpenAIChatModel(ChatModel):
             payload["temperature"] = s.temperature
         if (seed := request_seed(s.seed)) is not None:
             payload["seed"] = seed
+        payload.update(self.capture_fields)
         payload.update(self.options)  # reasoning and routing, spelled for this provider
         if s.extra_body:
             payload.update(s.extra_body)  # provider options (OpenRouter routing, reasoning effort, ...)
@@ -260,6 +264,7 @@ class OpenAIChatModel(ChatModel):
             reasoning_tokens=reasoning_tokens,
             cost_usd=cost_usd,
             extra=extra,
+            tokens=capture(response),
         )
 
     async def aclose(self) -> None:

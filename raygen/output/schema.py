@@ -14,7 +14,8 @@ free-form values whose keys vary from record to record are stored as JSON string
 
 Decode them with ``json.loads``. ``safety_labels`` has a fixed shape, so it is typed:
 ``list<struct<turn: int64, tool: string, label: string, rule_id: string>>`` (empty list for most rows);
-so is ``turns``: ``list<struct<finish_reason: string, provider: string>>``, one per model call.
+so is ``turns`` (``TURN_INFO``, one per model call: finish reason, provider, model, and the token ids and
+logprobs where captured), and ``loss_mask`` (``list<int8>``, one per message).
 The JSONL output keeps the natural JSON (the Trajectory dump).
 A test checks that the structs below match the pydantic models in ``raygen.formats.records``.
 """
@@ -41,8 +42,23 @@ SAFETY_LABEL = pa.struct(
     ]
 )
 """One element of the ``safety_labels`` column (the fields of ``raygen.formats.records.SafetyLabel``)."""
-TURN_INFO = pa.struct([pa.field("finish_reason", pa.string()), pa.field("provider", pa.string())])
-"""One element of the ``turns`` column (the fields of ``raygen.formats.records.TurnInfo``)."""
+TOP_LOGPROB = pa.struct([pa.field("token", pa.string()), pa.field("logprob", pa.float64())])
+TURN_INFO = pa.struct(
+    [
+        pa.field("finish_reason", pa.string()),
+        pa.field("provider", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("system_fingerprint", pa.string()),
+        pa.field("prompt_token_ids", pa.list_(pa.int64())),
+        pa.field("prompt_token_ids_from", pa.int64()),
+        pa.field("token_ids", pa.list_(pa.int64())),
+        pa.field("logprobs", pa.list_(pa.float64())),
+        pa.field("tokens", pa.list_(pa.string())),
+        pa.field("top_logprobs", pa.list_(pa.list_(TOP_LOGPROB))),
+    ]
+)
+"""One element of the ``turns`` column (the fields of ``raygen.formats.records.TurnInfo``; the token
+lists are null where nothing was captured)."""
 
 SCHEMA = pa.schema(
     [
@@ -111,6 +127,7 @@ SCHEMA = pa.schema(
         pa.field("verification", pa.string(), nullable=False),
         pa.field("artifacts", pa.string(), nullable=False),
         pa.field("turns", pa.list_(TURN_INFO)),
+        pa.field("loss_mask", pa.list_(pa.int8())),
     ]
 )
 
@@ -177,12 +194,20 @@ def to_row(record: dict[str, Any]) -> dict[str, Any]:
         "verification": json.dumps(record.get("verification"), ensure_ascii=False, separators=(",", ":")),
         "artifacts": _json(record.get("artifacts"), []),
         "turns": [_turn(item) for item in record.get("turns") or ()],
+        "loss_mask": [int(bool(v)) for v in record.get("loss_mask") or ()],
     }
+
+
+_TURN_TEXT = ("finish_reason", "provider", "model", "system_fingerprint")
+_TURN_LISTS = ("prompt_token_ids", "token_ids", "logprobs", "tokens", "top_logprobs")
 
 
 def _turn(item: Any) -> dict[str, Any]:
     item = item if isinstance(item, dict) else {}
-    return {k: None if item.get(k) is None else str(item[k]) for k in ("finish_reason", "provider")}
+    row: dict[str, Any] = {k: None if item.get(k) is None else str(item[k]) for k in _TURN_TEXT}
+    row.update((k, item.get(k) if isinstance(item.get(k), list) else None) for k in _TURN_LISTS)
+    row["prompt_token_ids_from"] = int(item.get("prompt_token_ids_from") or 0)
+    return row
 
 
 _SAFETY_FIELDS = tuple(SafetyLabel.model_fields)

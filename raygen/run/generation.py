@@ -55,7 +55,7 @@ class Generation:
             # an endpoint), so simulator runs made then keep their fingerprint and resume unchanged.
             "model_type": "openai" if model.type == "sim" else model.type,
             "base_url": endpoint_label(config),
-            "sampling": config.sampling.model_dump(mode="json"),
+            "sampling": _sampling(config),
             "max_turns": config.session.max_turns,
             "system_prompt": config.session.resolved_system_prompt(),
             "distribution": {"name": distribution.name, "toolsets": distribution.probabilities()},
@@ -126,6 +126,15 @@ def _fingerprinted(listing: McpServerListing) -> dict[str, Any]:
         "transport": listing.config.transport,
         "placement": listing.config.placement,
     }
+
+
+_CAPTURE_OPTIONS = ("logprobs", "top_logprobs", "return_token_ids")
+"""Sampling options newer than the fingerprint: in it only when set, so earlier runs keep theirs."""
+
+
+def _sampling(config: RunConfig) -> dict[str, Any]:
+    sampling = config.sampling.model_dump(mode="json")
+    return {k: v for k, v in sampling.items() if k not in _CAPTURE_OPTIONS or v}
 
 
 def _optional_generation(config: RunConfig) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from raygen.input.verify_spec import VerifySpec
 from raygen.model.base import SAMPLE_INDEX, ChatModel
 from raygen.model.pricing import CostPolicy, ModelPricing, SessionSpend
 from raygen.safety import label_tool_call
+from raygen.session.capture import TurnCapture
 from raygen.session.offer import OFFERS_KEPT, Offer
 from raygen.session.record import build_record
 from raygen.tools.base import ToolContext, ToolResult
@@ -136,6 +137,9 @@ class _SessionState:
         if runner.cfg.store_prefill:
             self.messages.extend(dict(m) for m in runner.prefill)
         self.messages.append({"role": "user", "content": sample.row.prompt})
+        self.first_generated = len(self.messages)
+        """Index of the first message the session itself adds (the loss mask's start)."""
+        self.capture = TurnCapture()
         self.tool_stats = {name: ToolStat() for name in runner.registry.all_tool_names()}
         self.tool_errors: dict[str, int] = {}
         self.hallucinated: list[str] = []
@@ -294,9 +298,7 @@ class _SessionState:
             self.usage.completion_tokens += completion.completion_tokens
             message = {k: v for k, v in completion.message.items() if v is not None}
             message["role"] = "assistant"
-            self.turns.append(
-                TurnInfo(finish_reason=completion.finish_reason, provider=completion.extra.get("provider"))
-            )
+            self.turns.append(self.capture.turn(completion))
             size, limit = reply_chars(message), self.runner.cfg.max_reply_chars
             if size > limit:
                 self.messages.append(cut_reply(message, size))  # its head, so the record shows what came

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from raygen.formats.limits import capped_record
+from raygen.formats.loss_mask import loss_mask
 from raygen.formats.records import Timing, Trajectory
 from raygen.formats.sharegpt import to_sharegpt
 from raygen.safety import rules_version
@@ -58,8 +59,12 @@ def build_record(state: Any) -> Trajectory:
         verification=state.verification,
         artifacts=state.artifacts,
         turns=state.turns,
+        loss_mask=loss_mask(state.messages, state.turns, state.first_generated),
     )
-    return capped_record(state.scrubber.scrub_record(record), state.runner.cfg.max_record_bytes)
+    scrubbed = state.scrubber.scrub_record(record)
+    if scrubbed is not record:  # a secret was in the text: its tokens would still spell it
+        scrubbed = scrubbed.without_token_ids()
+    return capped_record(scrubbed, state.runner.cfg.max_record_bytes)
 
 
 def _iso(ts: float) -> str:
