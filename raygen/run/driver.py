@@ -44,6 +44,8 @@ from raygen.run.verify_prepare import prepare_dataset
 
 log = logging.getLogger(__name__)
 
+_PLACEMENT = {"session": "one per session", "actor": "one per actor", "remote": "by URL"}
+
 _LOST = "no result came back: the worker running it died and Ray's task retries were exhausted"
 
 
@@ -100,8 +102,14 @@ def _run(
     if config.dataset is None:
         raise ConfigError("no dataset given")
     dataset = Path(config.dataset)
-    generation = Generation.build(config)
+    generation = Generation.build(config)  # MCP servers: each started once here, its tools listed
     secrets = RunSecrets.from_environment(config)  # a missing API key stops the run before anything else
+    if generation.mcp_servers:
+        listed = ", ".join(
+            f"{s.name} ({s.listing.server_info}, {len(s.tool_names)} tools, {_PLACEMENT[s.config.placement]})"
+            for s in generation.mcp_servers
+        )
+        reporter.note(f"MCP servers started and listed: {listed}")
     dataset = prepare_dataset(config, dataset, reporter)  # a Harbor tasks folder becomes a prompts file
 
     report = scan_dataset(dataset, known_toolsets=set(generation.registry.toolset_names()))
