@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +108,7 @@ class McpConnection:
                 await self._stop.wait()
         except BaseException as exc:
             if not self._ready.done():
+                await self._settle()
                 if not isinstance(exc, SessionFailure):
                     exc = self.lost(self._ended() if self._gone() else f"did not start: {_describe(exc)}")
                 self._ready.set_exception(exc)
@@ -178,6 +180,7 @@ class McpConnection:
         except Exception as exc:
             if _is_protocol_error(exc) and not self._gone():
                 raise
+            await self._settle()
             self._lost = self._ended() if self._gone() else f"failed: {_describe(exc)}"
             raise self.lost(self._lost) from None
 
@@ -188,6 +191,12 @@ class McpConnection:
         except Exception:
             return False
         return True
+
+    async def _settle(self, wait_s: float = 1.0) -> None:
+        """Its stdout ended: give the process a moment to be seen exiting, so the message can say so."""
+        deadline = time.monotonic() + wait_s
+        while self.process is not None and not self.process.exited() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
     def _gone(self) -> bool:
         return self.process is not None and self.process.exited()
