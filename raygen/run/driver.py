@@ -104,12 +104,7 @@ def _run(
     dataset = Path(config.dataset)
     generation = Generation.build(config)  # MCP servers: each started once here, its tools listed
     secrets = RunSecrets.from_environment(config)  # a missing API key stops the run before anything else
-    if generation.mcp_servers:
-        listed = ", ".join(
-            f"{s.name} ({s.listing.server_info}, {len(s.tool_names)} tools, {_PLACEMENT[s.config.placement]})"
-            for s in generation.mcp_servers
-        )
-        reporter.note(f"MCP servers started and listed: {listed}")
+    _note_mcp_servers(generation, reporter)
     dataset = prepare_dataset(config, dataset, reporter)  # a Harbor tasks folder becomes a prompts file
 
     report = scan_dataset(dataset, known_toolsets=set(generation.registry.toolset_names()))
@@ -209,6 +204,15 @@ def _run(
         manifest["ended_at"] = utc_now()
         run_dir.write_json(MANIFEST_FILE, manifest)
     return result
+
+
+def _note_mcp_servers(generation: Generation, reporter: RunReporter) -> None:
+    if generation.mcp_servers:
+        listed = ", ".join(
+            f"{s.name} ({s.listing.server_info}, {len(s.tool_names)} tools, {_PLACEMENT[s.config.placement]})"
+            for s in generation.mcp_servers
+        )
+        reporter.note(f"MCP servers started and listed: {listed}")
 
 
 def _reopen_failures(config: RunConfig, ledger: Ledger, resume: bool, reporter: RunReporter) -> None:
