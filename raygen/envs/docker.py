@@ -67,8 +67,6 @@ KEEPALIVE_COMMAND = ["sleep", "2147483647"]
 """PID 1's child: sleeps ~68 years; busybox's ``sleep`` has no ``infinity``."""
 _MAX_SYMLINK_HOPS = 16
 _GO_MODE_DIR = 1 << 31  # Docker reports Go's os.FileMode in the archive stat header
-
-
 # Prepare a write: create the parent; exit 2 if the target is a directory.
 _PREPARE_WRITE_SCRIPT = 'mkdir -p -- "$1" || exit 1; [ -d "$2" ] && exit 2; exit 0'
 
@@ -318,8 +316,7 @@ class DockerEnvironment(Environment[DockerEnvConfig]):
         task.add_done_callback(self._background.discard)
 
     async def open_process(self, argv: list[str], env: dict[str, str], cwd: str | None) -> DockerProcess:
-        where = self.cwd if cwd is None else self._absolute(cwd)
-        return await DockerProcess.start(self, argv, {**self._env, **env}, where)
+        return await DockerProcess.start(self, argv, {**self._env, **env}, self._absolute(cwd or "."))
 
     # --- files ------------------------------------------------------------------------------------------
 

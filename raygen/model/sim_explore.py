@@ -15,6 +15,8 @@ BUILTIN_TOOLS = frozenset({"terminal", "read_file", "write_file", "patch", "sear
 
 _BY_NAME = (
     ("timezone", "Europe/Berlin"),
+    ("revision", "HEAD"),
+    ("target", "HEAD"),
     ("time", "12:00"),
     ("repo", "."),
     ("path", "."),
@@ -55,6 +57,20 @@ def example_arguments(schema: Any) -> dict[str, Any]:
     schema = schema if isinstance(schema, dict) else {}
     properties = schema.get("properties") or {}
     return {name: example_value(name, properties.get(name)) for name in schema.get("required") or ()}
+
+
+GIT_SETUP = (
+    "git init -q . && git config user.email sim@raygen.invalid && git config user.name sim"
+    " && echo '# sim' > README.md && git add README.md && git commit -q -m init && echo more >> README.md; "
+)
+
+
+def setup_prefix(tools: list[dict[str, Any]]) -> str:
+    """What the probe's shell command does first so that offered tools have something to work on: a git
+    repository with one commit and a changed README.md in the session's folder when a git server's tools
+    (``*git_*``) are offered, else nothing."""
+    names = [str((t.get("function") or {}).get("name", "")) for t in tools if isinstance(t, dict)]
+    return GIT_SETUP if any("git_" in name for name in names) else ""
 
 
 def exploration_calls(tools: list[dict[str, Any]], called: set[str]) -> list[tuple[str, dict[str, Any]]]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from raygen.model.configs import SimConfig
 from raygen.model.sim_coding import coding_step
-from raygen.model.sim_explore import exploration_calls
+from raygen.model.sim_explore import exploration_calls, setup_prefix
 
 NONEXISTENT_MODEL_PREFIX = "nonexistent"
 """Model names starting with this are unknown to the simulator (HTTP 404; for failure-path tests)."""
@@ -231,7 +231,8 @@ def _calls_for(
     if action == "probe":
         calls = []
         if "terminal" in offered:
-            calls.append(("terminal", {"command": f"printf 'raygen-%s-%d\\n' {plan.nonce} $((6*7))"}))
+            probe = f"printf 'raygen-%s-%d\\n' {plan.nonce} $((6*7))"
+            calls.append(("terminal", {"command": setup_prefix(tools) + probe}))
         if "write_file" in _probe_tools(offered):
             calls.append(("write_file", {"path": plan.check_path, "content": plan.file_token}))
         return calls

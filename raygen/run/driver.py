@@ -42,6 +42,8 @@ from raygen.run.verify_prepare import prepare_dataset, task_findings
 
 log = logging.getLogger(__name__)
 
+_PLACEMENT = {"session": "one per session", "actor": "one per actor", "remote": "by URL"}
+
 _LOST = "no result came back: the worker running it died and Ray's task retries were exhausted"
 
 
@@ -103,8 +105,9 @@ def _run(
     if config.dataset is None:
         raise ConfigError("no dataset given")
     dataset = Path(config.dataset)
-    generation = Generation.build(config)
+    generation = Generation.build(config)  # MCP servers: each started once here, its tools listed
     secrets = RunSecrets.from_environment(config)  # a missing API key stops the run before anything else
+    _note_mcp_servers(generation, reporter)
     dataset = prepare_dataset(config, dataset, reporter)  # a Harbor tasks folder becomes a prompts file
 
     checks = check_dataset(config, dataset, known_toolsets=set(generation.registry.toolset_names()))
@@ -224,6 +227,15 @@ def _run(
         manifest["ended_at"] = utc_now()
         run_dir.write_json(MANIFEST_FILE, manifest)
     return result
+
+
+def _note_mcp_servers(generation: Generation, reporter: RunReporter) -> None:
+    if generation.mcp_servers:
+        listed = ", ".join(
+            f"{s.name} ({s.listing.server_info}, {len(s.tool_names)} tools, {_PLACEMENT[s.config.placement]})"
+            for s in generation.mcp_servers
+        )
+        reporter.note(f"MCP servers started and listed: {listed}")
 
 
 def _reopen_failures(config: RunConfig, ledger: Ledger, resume: bool, reporter: RunReporter) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +31,6 @@ from raygen.tools.mcp_config import McpServerConfig
 log = logging.getLogger(__name__)
 
 PING_TIMEOUT_S = 5.0
-EXIT_GRACE_S = 1.0
-"""How long a broken connection waits for the server's exit to be seen, to report that it ended."""
 """After a call timed out: a server that does not answer a ping within this is taken for hung."""
 JUNK_KEPT = 3
 """Non-protocol stdout lines kept for messages."""
@@ -109,6 +108,7 @@ class McpConnection:
                 await self._stop.wait()
         except BaseException as exc:
             if not self._ready.done():
+                await self._settle()
                 if not isinstance(exc, SessionFailure):
                     exc = self.lost(self._ended() if self._gone() else f"did not start: {_describe(exc)}")
                 self._ready.set_exception(exc)
@@ -178,21 +178,11 @@ class McpConnection:
                 raise self.lost(self._lost) from None
             raise
         except Exception as exc:
-            # The stream's end can be read before the process's exit is: give a dying server a moment, so
-            # the failure says it ended (and its exit code) rather than how the connection broke.
             if _is_protocol_error(exc) and not self._gone():
-                raise  # the server answered: this call's failure, shown to the model
-            gone = await self._gone_within(EXIT_GRACE_S)
-            self._lost = self._ended() if gone else f"failed: {_describe(exc)}"
+                raise
+            await self._settle()
+            self._lost = self._ended() if self._gone() else f"failed: {_describe(exc)}"
             raise self.lost(self._lost) from None
-
-    async def _gone_within(self, seconds: float) -> bool:
-        deadline = asyncio.get_running_loop().time() + seconds
-        while not self._gone() and self.process is not None:
-            if asyncio.get_running_loop().time() >= deadline:
-                return False
-            await asyncio.sleep(0.02)
-        return self._gone()
 
     async def _answers_ping(self) -> bool:
         try:
@@ -201,6 +191,12 @@ class McpConnection:
         except Exception:
             return False
         return True
+
+    async def _settle(self, wait_s: float = 1.0) -> None:
+        """Its stdout ended: give the process a moment to be seen exiting, so the message can say so."""
+        deadline = time.monotonic() + wait_s
+        while self.process is not None and not self.process.exited() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
     def _gone(self) -> bool:
         return self.process is not None and self.process.exited()

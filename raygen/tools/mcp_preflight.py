@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from raygen.envs import EnvSpec, create_environment
+from raygen.envs import Environment, EnvSpec, create_environment, environment_class
 from raygen.errors import ConfigError, SessionFailure
 from raygen.tools.mcp_client import McpConnection
 from raygen.tools.mcp_config import McpServerConfig
@@ -33,6 +33,13 @@ async def preflight_servers(
     async with contextlib.AsyncExitStack() as stack:
         env = None
         if any(s.placement == "session" for s in servers.values()):
+            backend = environment_class(env_config.type)
+            if backend.open_process is Environment.open_process:  # before starting a sandbox for nothing
+                stdio = sorted(n for n, s in servers.items() if s.placement == "session")
+                raise ConfigError(
+                    f"env.type={env_config.type} cannot run stdio MCP servers in a session "
+                    f"({', '.join(stdio)}); use local or docker, an HTTP server (url), or shared: true"
+                )
             spec = EnvSpec(session_key="mcp-preflight", run_name=run_name)
             try:
                 env = await stack.enter_async_context(create_environment(env_config, spec))

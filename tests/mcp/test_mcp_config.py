@@ -136,3 +136,15 @@ def test_harbor_task_mcp_servers_become_the_rows_servers(tmp_path):
     (task / "task.toml").write_text(toml.replace('"streamable-http"', '"carrier-pigeon"'))
     problems = []
     assert read_task(task, problems) is None and "environment.mcp_servers[1].transport" in problems[0]
+
+
+async def test_preflight_refuses_stdio_servers_on_a_backend_without_processes_before_any_sandbox():
+    from raygen.tools.mcp_preflight import preflight_servers
+
+    servers = parse_servers({"git": {"command": "mcp-server-git"}}, "f")
+    with pytest.raises(
+        ConfigError, match=r"env.type=modal cannot run stdio MCP servers in a session \(git\)"
+    ):
+        await preflight_servers(
+            servers, {}, ModalEnvConfig(), run_name="t", name_format="{server}__{tool}", start_timeout_s=5
+        )
