@@ -14,6 +14,13 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from raygen.agents.configs import (  # noqa: F401 (re-exported)
+    AgentConfig,
+    BuiltinAgentConfig,
+    CommandAgentConfig,
+    HermesAgentConfig,
+    MiniSweAgentConfig,
+)
 from raygen.config_section import Section as _Section
 from raygen.envs.configs import (  # noqa: F401 (re-exported: one place to import configuration from)
     DockerEnvConfig,
@@ -35,6 +42,10 @@ from raygen.model.configs import (  # noqa: F401 (re-exported)
     SimConfig,
     SimModelConfig,
 )
+
+HARNESS_BACKENDS = ("local", "docker")
+"""Environment backends that bind a host folder into the sandbox (``Environment.supports_binds``; a test
+keeps the two in step): where an agent harness can reach raygen's model proxy."""
 
 
 class SessionConfig(_Section):
@@ -366,6 +377,18 @@ class RunConfig(_Section):
     """Data hygiene checks of the prompts before any model call."""
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     """Verified trajectories: the default check of rows without their own."""
+    agent: AgentConfig = Field(default_factory=BuiltinAgentConfig)
+    """The agent of each session: raygen's own loop, or a harness run as a command (docs/agents.md)."""
+
+    @model_validator(mode="after")
+    def _harness_reaches_its_proxy(self) -> RunConfig:
+        if self.agent.type != "builtin" and self.env.type not in HARNESS_BACKENDS:
+            raise ValueError(
+                f"agent.type {self.agent.type} runs the harness inside the session's environment, which "
+                f"must show it raygen's model proxy: env.type {' or '.join(HARNESS_BACKENDS)}, "
+                f"not {self.env.type}"
+            )
+        return self
 
 
 def fingerprint(obj: Any) -> str:

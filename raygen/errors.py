@@ -28,6 +28,10 @@ FAILURE_KINDS: dict[str, str] = {
     "session_timeout": "the session ran longer than session.session_timeout_s",
     "internal": "a bug in raygen or a user tool; see the record's error field",
     "verify_error": "the row's check could not run (timeout, grading sandbox lost); never a reward of 0",
+    "agent_not_found": "the agent command (agent.type other than builtin) was not found in the environment",
+    "agent_failed": "the agent command exited non-zero without a final answer",
+    "agent_no_model_call": "the agent command exited without calling the model once",
+    "agent_late_call": "the agent command called the model after its session ended (a leftover process)",
 }
 RETRYABLE: frozenset[str] = frozenset(
     {
@@ -38,6 +42,7 @@ RETRYABLE: frozenset[str] = frozenset(
         "env_lost",
         "worker_lost",
         "verify_error",
+        "agent_failed",
     }
 )
 

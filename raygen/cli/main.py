@@ -19,6 +19,8 @@ from raygen.cli import hygiene as hygiene_commands
 from raygen.cli import verify as verify_commands
 from raygen.cli.console import ConsoleReporter, print_counts, print_run_summary
 from raygen.cli.options import (
+    AgentCommand,
+    AgentType,
     BestOf,
     ConfigSources,
     DatasetArg,
@@ -152,6 +154,8 @@ def run(
     prefill_messages: PrefillMessages = None,
     ephemeral_system_prompt: EphemeralSystemPrompt = None,
     retry_failed: RetryFailed = None,
+    agent: AgentType = None,
+    agent_command: AgentCommand = None,
     resume: Annotated[bool, Opt(help="Continue the run folder: only pending samples run.")] = False,
     force: Annotated[bool, Opt(help="Resume even if the generation config changed.")] = False,
     dry_run: Annotated[bool, Opt(help="Validate and plan; print the resolved config; run nothing.")] = False,

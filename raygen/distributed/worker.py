@@ -64,6 +64,7 @@ class SessionWorker:
             secret_values=secrets,
             verify_default=cfg.verify.default,
             on_sandbox=self.metrics.sandbox_opened,
+            agent=cfg.agent,
         )
         self.slots = asyncio.Semaphore(cfg.ray.sessions_per_worker)
         self.pid = os.getpid()

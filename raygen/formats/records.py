@@ -105,6 +105,34 @@ class TurnInfo(BaseModel):
     """The upstream provider that served the call, where the endpoint names it (OpenRouter's ``provider``)."""
 
 
+class AgentInfo(BaseModel):
+    """How an agent harness run as the session went (``agent.type`` other than ``builtin``)."""
+
+    type: str = ""
+    """The ``agent.type``: ``command``, ``hermes``, ``mini-swe-agent``."""
+    command: str = ""
+    """The shell command as configured (placeholders not filled in)."""
+    exit_code: int | None = None
+    """The harness's exit code (None when it was stopped: timeout, a refused or failed model call)."""
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    duration_s: float = 0.0
+    """Wall time of the harness process."""
+    refused: str | None = None
+    """Why raygen's proxy refused a call of the harness (``max_turns``), if it did."""
+
+
+class ThreadInfo(BaseModel):
+    """One conversation thread of a harness's model calls: calls whose messages extend the previous one's."""
+
+    calls: list[int] = Field(default_factory=list)
+    """0-based indices of the session's model calls in this thread, in order."""
+    main: bool = False
+    """The thread ``messages`` holds (the one of the last call, docs/agents.md)."""
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    """The thread's final conversation; empty for the main thread (it is the record's ``messages``)."""
+
+
 class Trajectory(BaseModel):
     id: str
     """The row's ``id``, else its stable content key."""
@@ -156,6 +184,11 @@ class Trajectory(BaseModel):
     """The declared artifacts as the agent left them."""
     turns: list[TurnInfo] = Field(default_factory=list)
     """One entry per model call that answered, in order: its finish reason and serving provider."""
+    agent: AgentInfo | None = None
+    """The harness run as the session (None for raygen's own loop, ``agent.type: builtin``)."""
+    threads: list[ThreadInfo] = Field(default_factory=list)
+    """A harness's model calls grouped into conversation threads (empty for raygen's own loop); more
+    than one when the harness compacted its context or ran sub-agents (docs/agents.md)."""
 
 
 TOOL_ERROR_KINDS = ("hallucinated", "invalid_arguments", "execution", "timeout")

@@ -16,21 +16,22 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
+from raygen.agents import create_harness
 from raygen.config import SessionConfig
 from raygen.envs import EnvSpec, create_environment, environment_class
 from raygen.errors import SessionFailure
-from raygen.formats.limits import capped_record, cut_reply, reply_chars
+from raygen.formats.limits import cut_reply, reply_chars
 from raygen.formats.prompting import request_messages
 from raygen.formats.reasoning import split_reasoning
 from raygen.formats.records import (
+    AgentInfo,
     Artifact,
     EnvInfo,
     ReasoningCounts,
     SafetyLabel,
-    Timing,
+    ThreadInfo,
     ToolStat,
     Trajectory,
     TurnInfo,
@@ -38,12 +39,14 @@ from raygen.formats.records import (
     Verification,
 )
 from raygen.formats.scrub import Scrubber, worker_secret_values
-from raygen.formats.sharegpt import to_sharegpt, tools_block
+from raygen.formats.sharegpt import tools_block
 from raygen.formats.text import cap_text
 from raygen.input.rows import Sample
 from raygen.input.verify_spec import VerifySpec
 from raygen.model.base import SAMPLE_INDEX, ChatModel
-from raygen.safety import label_tool_call, rules_version
+from raygen.safety import label_tool_call
+from raygen.session.harness import run_harness
+from raygen.session.record import record_of
 from raygen.tools.base import Tool, ToolContext, ToolResult
 from raygen.verify.grader import VerifyError, collect_artifacts, grade
 
@@ -87,8 +90,11 @@ class SessionRunner:
         secret_values: list[str] | None = None,
         verify_default: VerifySpec | None = None,
         on_sandbox: Callable[[int], None] | None = None,
+        agent: Any = None,
     ):
         self.model = model
+        self.harness = create_harness(agent)
+        """The harness run as each session (``agent:`` config); None: raygen's own loop."""
         self.on_sandbox = on_sandbox
         """Told +1 when a session's environment starts and -1 when it closes (metrics)."""
         self.verify_default = verify_default
@@ -144,6 +150,7 @@ class _SessionState:
         self.runner = runner
         self.offer = runner.offer(sample.toolsets)
         self.tools, self.offered, self.schemas = self.offer.tools, self.offer.offered, self.offer.schemas
+        self.tools_block, self.toolsets_used = self.offer.tools_block, list(sample.toolsets)
         self.messages: list[dict[str, Any]] = []
         if runner.system_prompt:
             self.messages.append({"role": "system", "content": runner.system_prompt})
@@ -171,6 +178,9 @@ class _SessionState:
         self.reward: float | None = None
         self.verification: Verification | None = None
         self.artifacts: list[Artifact] = []
+        self.binds: list[str] = []  # a harness's seat folder, while its environment starts
+        self.agent_info: AgentInfo | None = None
+        self.threads: list[ThreadInfo] = []
 
     async def run(self) -> None:
         await self._check_image()
@@ -184,7 +194,10 @@ class _SessionState:
                 max_timeout_s=self.runner.cfg.max_command_timeout_s,
             )
             self._stack = stack
-            await self._loop(ctx)
+            if self.runner.harness is not None:
+                await run_harness(self, ctx)
+            else:
+                await self._loop(ctx)
             await self._verify(ctx)
             t = time.monotonic()
         if ctx.env is not None:
@@ -198,6 +211,7 @@ class _SessionState:
             cwd=self.sample.row.cwd,
             env=dict(self.sample.row.env),
             secret_values=self.runner.scrubber.values,
+            binds=list(self.binds),
         )
 
     async def _ensure_env(self, ctx: ToolContext) -> None:
@@ -367,50 +381,4 @@ class _SessionState:
         self.completed, self.exit_status, self.error = False, exit_status, self.scrubber.scrub(error)
 
     def to_record(self) -> Trajectory:
-        ended = time.time()
-        row = self.sample.row
-        record = Trajectory(
-            id=self.sample.record_id,
-            sample_key=self.sample.sample_key,
-            prompt_index=self.sample.prompt_index,
-            attempt=self.sample.attempt,
-            category=row.category,
-            metadata=dict(row.metadata),
-            conversations=to_sharegpt(self.messages, self.schemas, self.offer.tools_block),
-            messages=self.messages,
-            completed=self.completed,
-            exit_status=self.exit_status,
-            error=self.error,
-            api_calls=self.api_calls,
-            toolsets_used=list(self.sample.toolsets),
-            tools_offered=sorted(self.offered),
-            tool_stats=self.tool_stats,
-            tool_error_counts=self.tool_errors,
-            hallucinated_tools=self.hallucinated,
-            reasoning=self.reasoning,
-            usage=self.usage,
-            timing=Timing(
-                started_at=_iso(self.started),
-                ended_at=_iso(ended),
-                duration_s=round(ended - self.started, 4),
-                model_s=round(self.model_s, 4),
-                tools_s=round(self.tools_s, 4),
-                env_setup_s=round(self.env_s, 4),
-            ),
-            model=self.runner.model.name,
-            env=self.env_info,
-            config_fingerprint=self.runner.config_fingerprint,
-            safety_labels=self.safety_labels,
-            safety_rules_version=rules_version(),
-            group_id=self.sample.group_id,
-            sample_index=self.sample.sample_index,
-            reward=self.reward,
-            verification=self.verification,
-            artifacts=self.artifacts,
-            turns=self.turns,
-        )
-        return capped_record(self.scrubber.scrub_record(record), self.runner.cfg.max_record_bytes)
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
+        return record_of(self)
