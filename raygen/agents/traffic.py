@@ -7,8 +7,9 @@ that compacted its context, or a sub-agent. The main thread is the one of the se
 call, the conversation the harness ended with; ``messages`` is that call's messages plus its answer.
 
 From the main conversation: tools offered (its last call's ``tools``), tool calls per name (from the
-answers; a call counts as a success when a ``tool`` message answers its id, else as a failure), tool
-names not offered (hallucinated), reasoning per answer. Usage and turns count every call of every thread.
+answers; a call counts as a success when a ``tool`` message answers its id or when it is in the last
+answer, which the harness acted on without asking the model again, such as mini-swe-agent's submit; else as
+a failure), tool names not offered (hallucinated), reasoning per answer. Usage and turns count every call of every thread.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ def tool_names(tools: list[dict[str, Any]]) -> list[str]:
 
 def _tool_use(messages: list[dict[str, Any]], offered: set[str]) -> tuple[dict[str, ToolStat], list[str]]:
     answered = {str(m.get("tool_call_id", "")) for m in messages if m.get("role") == "tool"}
+    last = messages[-1] if messages else {}
     stats: dict[str, ToolStat] = {name: ToolStat() for name in sorted(offered)}
     hallucinated = []
     for message in messages:
@@ -132,7 +134,7 @@ def _tool_use(messages: list[dict[str, Any]], offered: set[str]) -> tuple[dict[s
                 hallucinated.append(name)
             stat = stats.setdefault(name, ToolStat())
             stat.count += 1
-            if str(call.get("id", "")) in answered:
+            if str(call.get("id", "")) in answered or message is last:
                 stat.success += 1
             else:
                 stat.failure += 1
