@@ -9,7 +9,8 @@ call, the conversation the harness ended with; ``messages`` is that call's messa
 From the main conversation: tools offered (its last call's ``tools``), tool calls per name (from the
 answers; a call counts as a success when a ``tool`` message answers its id or when it is in the last
 answer, which the harness acted on without asking the model again, such as mini-swe-agent's submit; else as
-a failure), tool names not offered (hallucinated), reasoning per answer. Usage and turns count every call of every thread.
+a failure), tool names not offered (hallucinated), reasoning per answer. Usage and turns count every
+call of every thread.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ``agent:`` section: flags and ``-c`` settings, its defaults, where harnesses can run, the fingerprint."""
+"""The ``agent:`` section: flags, ``-c`` settings, defaults, where harnesses can run, the fingerprint."""
 
 from __future__ import annotations
 
