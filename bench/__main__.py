@@ -12,6 +12,8 @@ Scenarios (``--only`` takes these names, or ``governor`` for the first two):
   scale       2,000 concurrent sessions at 30 s model latency: % of ideal, peak memory
   sandboxes   start / exec / stop latency per environment backend; Docker sessions/s at 16 and 64
   verify      what a hidden check adds per session (wall s, CPU s): fresh and same mode, local and Docker
+  proxy       the agent harnesses' model proxy: its CPU per call and the latency it and the in-sandbox
+              forwarder add, short and 1-MB requests, streaming and not (docs/agents.md)
   durability  SIGKILL of an actor and of the driver's process group at random moments, with stragglers,
               then --resume: sessions re-sent / sessions in flight at the kill, from the simulator's log
 Raw figures go to WORK/results.json. Run it in a loopback-only namespace (``make bench``).
@@ -44,12 +46,13 @@ ORDER = [
     "scale",
     "sandboxes",
     "verify",
+    "proxy",
     "durability",
 ]
 
 
 def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
-    from bench import convlen, durability, governor, sandboxes, scale, startup, throughput, verify_cost
+    from bench import convlen, durability, governor, proxy, sandboxes, scale, startup, throughput, verify_cost
 
     return {
         "limits": governor.limits,
@@ -60,6 +63,7 @@ def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
         "scale": scale.run,
         "sandboxes": sandboxes.run,
         "verify": verify_cost.run,
+        "proxy": proxy.run,
         "durability": durability.run,
     }
 

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from raygen.agents import HarnessRun
 from raygen.agents.traffic import reconstruct, tool_names
+from raygen.errors import SessionFailure
+from raygen.formats.limits import cut_reply, reply_chars
 from raygen.formats.sharegpt import tools_block
 from raygen.safety import label_tool_call
 from raygen.tools.base import ToolContext
@@ -44,9 +46,21 @@ async def run_harness(state: _SessionState, ctx: ToolContext) -> None:
         finally:
             state.binds = []
         run = await seat.run(ctx.env, timeout_s)
+    _cut_oversized(run, runner.cfg.max_reply_chars)
     absorb(state, run)
     if run.failure is not None:
         raise run.failure
+
+
+def _cut_oversized(run: HarnessRun, limit: int) -> None:
+    """A reply over ``session.max_reply_chars`` is stored cut to its head and fails the session, as in
+    raygen's own loop (the harness got it whole: it was already served)."""
+    for call in run.calls:
+        if call.response is not None and (size := reply_chars(call.response)) > limit:
+            call.response = cut_reply(call.response, size)
+            run.failure = run.failure or SessionFailure(
+                "reply_too_large", f"reply of {size} characters, over {limit}"
+            )
 
 
 def absorb(state: _SessionState, run: HarnessRun) -> None:

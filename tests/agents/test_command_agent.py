@@ -16,7 +16,7 @@ import pytest
 from raygen.config import CommandAgentConfig, LocalEnvConfig, ScriptedModelConfig, SessionConfig, SimConfig
 from raygen.envs.local import bwrap_problem
 from raygen.input.rows import PromptRow, Sample
-from raygen.model.base import ChatModel
+from raygen.model.base import ChatModel, Completion
 from raygen.model.scripted import ScriptedModel
 from raygen.session.agent import SessionRunner
 from raygen.tools.registry import load_registry
@@ -145,6 +145,20 @@ class SlowModel(ChatModel):
 async def test_a_call_still_running_when_the_harness_exits_is_a_late_call():
     record = await run(runner(f"{harness()} & sleep 0.7; exit 0", model=SlowModel()))
     assert record["exit_status"] == "error:agent_late_call"
+
+
+class WordyModel(ChatModel):
+    name = "wordy"
+
+    async def complete(self, messages, tools):
+        return Completion(message={"role": "assistant", "content": "word " * 1000}, finish_reason="stop")
+
+
+async def test_an_oversized_reply_is_stored_cut_and_fails_the_session():
+    record = await run(runner(harness(), model=WordyModel(), max_reply_chars=1000))
+    assert record["exit_status"] == "error:reply_too_large"
+    assert record["messages"][-1]["content"].startswith("[raygen: reply of ")
+    assert record["agent"]["exit_code"] == 0  # the harness had its answer
 
 
 async def test_a_compacted_context_makes_a_second_thread_and_the_last_one_is_main():
