@@ -162,7 +162,7 @@ def run(ctx: Context) -> list[Row]:
                     "proxy",
                     f"{label}: wall ms/call direct / via forwarder",
                     f"{direct:.2f} / {forwarded:.2f}",
-                    note=f"{len(json.dumps(body)) // 1024} kB request; medians; model answers at once",
+                    note=f"{len(json.dumps(body)) / 1024:.1f} kB request; medians; model answers at once",
                 )
             )
     rebuild = _reconstruct_ms(50, 20)
