@@ -3,6 +3,7 @@
 # a venv of its own under WORKDIR (default /tmp/raygen-ci/agents):
 #   WORKDIR/hermes/bin/hermes          hermes-agent   (Hermes Agent)
 #   WORKDIR/mini-swe-agent/bin/mini    mini-swe-agent
+#   WORKDIR/npm/node_modules/.bin/claude   @anthropic-ai/claude-code (npm; skipped without npm)
 # The venvs use the system's /usr/bin/python3 (Debian's), not the project's: a bubblewrap sandbox shows
 # /usr but not /root or the project's .venv, and the raygen-test/python image (Debian's python3 too) runs
 # them bind-mounted at the same path. A venv whose package is already at the pinned version is left as is.
@@ -15,7 +16,9 @@ mkdir -p "$workdir"
 
 install() {  # install NAME PACKAGE VERSION
     local venv="$workdir/$1" package="$2" version="$3"
-    if [ -x "$venv/bin/python" ] && "$venv/bin/python" -m pip show "$package" 2>/dev/null | grep -qx "Version: $version"; then
+    local installed=""
+    [ -x "$venv/bin/python" ] && installed="$("$venv/bin/python" -m pip show "$package" 2>/dev/null || true)"
+    if grep -qx "Version: $version" <<<"$installed"; then
         log "$package $version is in $venv"
         return
     fi
@@ -28,4 +31,16 @@ install() {  # install NAME PACKAGE VERSION
 
 install hermes hermes-agent 0.19.0
 install mini-swe-agent mini-swe-agent 2.4.6
+
+# Claude Code from the npm registry: its platform binary is a registry package of its own
+# (@anthropic-ai/claude-code-linux-x64), so no install script has to download anything.
+claude_version=2.1.328
+if ! command -v npm >/dev/null; then
+    log "npm not found: Claude Code not installed (its tests skip)"
+elif [ "$("$workdir/npm/node_modules/.bin/claude" --version 2>/dev/null | cut -d' ' -f1)" = "$claude_version" ]; then
+    log "@anthropic-ai/claude-code $claude_version is in $workdir/npm"
+else
+    log "installing @anthropic-ai/claude-code $claude_version into $workdir/npm"
+    npm install -q --no-audit --no-fund --prefix "$workdir/npm" "@anthropic-ai/claude-code@$claude_version" >&2
+fi
 echo "$workdir"

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from raygen.agents.configs import (  # noqa: F401 (re-exported)
     AgentConfig,
     BuiltinAgentConfig,
+    ClaudeCodeAgentConfig,
     CommandAgentConfig,
     HermesAgentConfig,
     MiniSweAgentConfig,

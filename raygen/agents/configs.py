@@ -74,10 +74,22 @@ class MiniSweAgentConfig(_HarnessOptions):
     """Further arguments of ``mini``."""
 
 
-HarnessConfig = CommandAgentConfig | HermesAgentConfig | MiniSweAgentConfig
+class ClaudeCodeAgentConfig(_HarnessOptions):
+    """Claude Code (npm ``@anthropic-ai/claude-code``), one-shot: ``claude -p PROMPT`` against the proxy's
+    Anthropic Messages endpoint (``--agent claude-code``)."""
+
+    type: Literal["claude-code"] = "claude-code"
+    """Agent selector."""
+    executable: str = "claude"
+    """The ``claude`` command inside the environment (a name on ``PATH`` or a path; it needs ``node``)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Further arguments of ``claude``."""
+
+
+HarnessConfig = CommandAgentConfig | HermesAgentConfig | MiniSweAgentConfig | ClaudeCodeAgentConfig
 """Every agent that runs as a command."""
 
 AgentConfig = Annotated[
-    BuiltinAgentConfig | CommandAgentConfig | HermesAgentConfig | MiniSweAgentConfig,
+    BuiltinAgentConfig | CommandAgentConfig | HermesAgentConfig | MiniSweAgentConfig | ClaudeCodeAgentConfig,
     Field(discriminator="type"),
 ]

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import shlex
 
-from raygen.agents.configs import CommandAgentConfig, HarnessConfig, HermesAgentConfig, MiniSweAgentConfig
+from raygen.agents.configs import (
+    ClaudeCodeAgentConfig,
+    CommandAgentConfig,
+    HarnessConfig,
+    HermesAgentConfig,
+    MiniSweAgentConfig,
+)
 
 _HERMES_CONFIG = """: "${HERMES_HOME:=$HOME/.hermes}" && export HERMES_HOME && mkdir -p "$HERMES_HOME"
 cat > "$HERMES_HOME/config.yaml" <<EOF
@@ -51,17 +57,33 @@ def mini_command(config: MiniSweAgentConfig) -> str:
     )
 
 
+CLAUDE_ENV = {
+    "IS_SANDBOX": "1",  # it runs in raygen's sandbox: skipping permission prompts is allowed even as root
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",  # only the model calls, which go to the proxy
+}
+
+
+def claude_command(config: ClaudeCodeAgentConfig) -> str:
+    run = f"exec {shlex.quote(config.executable)} -p {{prompt}} --dangerously-skip-permissions"
+    return run + _args(config.extra_args)
+
+
 def harness_command(config: HarnessConfig) -> str:
     """The shell command (with placeholders) that runs the configured harness."""
     if isinstance(config, HermesAgentConfig):
         return hermes_command(config)
     if isinstance(config, MiniSweAgentConfig):
         return mini_command(config)
+    if isinstance(config, ClaudeCodeAgentConfig):
+        return claude_command(config)
     assert isinstance(config, CommandAgentConfig)
     return config.command
 
 
 def harness_env(config: HarnessConfig) -> dict[str, str]:
     """The harness's own variables: the preset's, then the configured ``env``."""
-    preset = MINI_ENV if isinstance(config, MiniSweAgentConfig) else {}
+    presets = {MiniSweAgentConfig: MINI_ENV, ClaudeCodeAgentConfig: CLAUDE_ENV}
+    preset = presets.get(type(config), {})
     return {**preset, **config.env}

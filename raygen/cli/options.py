@@ -160,7 +160,10 @@ DatasetArg = Annotated[Path, typer.Argument(help="Prompts JSONL.")]
 # The session's agent (docs/agents.md): raygen's own loop, a preset harness, or any command.
 AgentType = Annotated[
     str | None,
-    Opt("--agent", help="Each session's agent: builtin, hermes, mini-swe-agent or command \\[builtin]."),
+    Opt(
+        "--agent",
+        help="Each session's agent: builtin, hermes, mini-swe-agent, claude-code, command \\[builtin].",
+    ),
     Sets("agent.type"),
 ]
 AgentCommand = Annotated[

@@ -31,8 +31,9 @@ SCRIPT_MAX_TURNS = 4
 conversation that already has this many gets the final answer (guarantees termination)."""
 
 _HALLUCINATED_NAMES = ("web_search", "browse_web", "search_internet")
-SHELL_TOOLS = ("terminal", "bash")
-"""Names of a shell tool: raygen's and Hermes Agent's ``terminal``, mini-swe-agent's ``bash``."""
+SHELL_TOOLS = ("terminal", "bash", "Bash")
+"""Names of a shell tool (each takes ``command``): raygen's and Hermes Agent's ``terminal``, mini-swe-agent's
+``bash``, Claude Code's ``Bash``."""
 SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 """mini-swe-agent ends a task when a command prints this; a harness whose prompt asks for it gets it as
 the final answer's tool call (a reply without a tool call would be a format error there)."""

@@ -10,6 +10,7 @@ import pytest
 AGENTS = Path(os.environ.get("RAYGEN_AGENTS_DIR", "/tmp/raygen-ci/agents"))
 HERMES = AGENTS / "hermes" / "bin" / "hermes"
 MINI = AGENTS / "mini-swe-agent" / "bin" / "mini"
+CLAUDE = AGENTS / "npm" / "node_modules" / ".bin" / "claude"
 
 
 def need(executable: Path) -> None:

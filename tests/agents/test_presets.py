@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import AGENTS, HERMES, MINI, need
+from conftest import AGENTS, CLAUDE, HERMES, MINI, need
 
 from raygen.agents.presets import harness_command, harness_env
 from raygen.config import (
+    ClaudeCodeAgentConfig,
     HermesAgentConfig,
     LocalEnvConfig,
     MiniSweAgentConfig,
@@ -89,3 +90,26 @@ async def test_hermes_agent_session(bwrap):
     assert record["tool_stats"]["terminal"] == {"count": 1, "success": 1, "failure": 0}
     assert "RAYGEN-VERIFY terminal=ok file=ok" in record["messages"][-1]["content"]
     assert record["messages"][0]["role"] == "system" and len(record["messages"][0]["content"]) > 1000
+
+
+def test_claude_code_runs_one_shot_without_prompts_or_outside_traffic():
+    config = ClaudeCodeAgentConfig(executable="/opt/c/claude", extra_args=["--max-turns", "5"])
+    assert (
+        harness_command(config)
+        == "exec /opt/c/claude -p {prompt} --dangerously-skip-permissions --max-turns 5"
+    )
+    env = harness_env(config)
+    assert env["IS_SANDBOX"] == "1" and env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+
+
+@pytest.mark.parametrize("bwrap", [False, True])
+async def test_claude_code_session_through_the_messages_endpoint(bwrap):
+    need(CLAUDE)
+    bwrap_or_skip(bwrap)
+    record = await run(ClaudeCodeAgentConfig(executable=str(CLAUDE)), bwrap)
+    assert record["exit_status"] == "completed", (record["error"], record["agent"])
+    assert {"Bash", "Read", "Write", "Edit"} <= set(record["tools_offered"])  # Claude Code's own tools
+    assert record["tool_stats"]["Bash"] == {"count": 1, "success": 1, "failure": 0}
+    final = record["messages"][-1]["content"]
+    assert "RAYGEN-VERIFY terminal=ok" in final  # its Bash tool ran the probe in a real shell
+    assert final in record["agent"]["stdout_tail"]  # and it printed the answer it got
