@@ -14,6 +14,14 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from raygen.agents.configs import (  # noqa: F401 (re-exported)
+    AgentConfig,
+    BuiltinAgentConfig,
+    ClaudeCodeAgentConfig,
+    CommandAgentConfig,
+    HermesAgentConfig,
+    MiniSweAgentConfig,
+)
 from raygen.config_section import Section as _Section
 from raygen.envs.configs import (  # noqa: F401 (re-exported: one place to import configuration from)
     DockerEnvConfig,
@@ -42,6 +50,10 @@ from raygen.tools.mcp_config import McpServerConfig, unwrap_servers
 MAX_SAMPLES_PER_PROMPT = 1000
 """``--samples-per-prompt`` beyond this is refused: groups for best-of-K and RL are far smaller, and a
 typo of 100,000,000 made a dry run sit silent while it made the keys (issue 28)."""
+
+HARNESS_BACKENDS = ("local", "docker")
+"""Environment backends that bind a host folder into the sandbox (``Environment.supports_binds``; a test
+keeps the two in step): where an agent harness can reach raygen's model proxy."""
 
 
 class SessionConfig(_Section):
@@ -410,6 +422,18 @@ class RunConfig(_Section):
     they win over the built-in table (``raygen.model.pricing``), a provider-reported cost wins over both."""
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     """Run and session spending limits (``--max-cost``, ``--max-tokens``, ``--max-session-cost``)."""
+    agent: AgentConfig = Field(default_factory=BuiltinAgentConfig)
+    """The agent of each session: raygen's own loop, or a harness run as a command (docs/agents.md)."""
+
+    @model_validator(mode="after")
+    def _harness_reaches_its_proxy(self) -> RunConfig:
+        if self.agent.type != "builtin" and self.env.type not in HARNESS_BACKENDS:
+            raise ValueError(
+                f"agent.type {self.agent.type} runs the harness inside the session's environment, which "
+                f"must show it raygen's model proxy: env.type {' or '.join(HARNESS_BACKENDS)}, "
+                f"not {self.env.type}"
+            )
+        return self
 
 
 def fingerprint(obj: Any) -> str:

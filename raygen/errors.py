@@ -31,6 +31,10 @@ FAILURE_KINDS: dict[str, str] = {
     "mcp_server_lost": "an MCP tool server of the session did not start, died or stopped answering",
     "budget_reached": "the run's --max-cost or --max-tokens was reached before the next model call",
     "session_cost_cap": "the session's next model call could take it past --max-session-cost",
+    "agent_not_found": "the agent command (agent.type other than builtin) was not found in the environment",
+    "agent_failed": "the agent command exited non-zero without a final answer",
+    "agent_no_model_call": "the agent command exited without calling the model once",
+    "agent_late_call": "the agent command called the model after its session ended (a leftover process)",
 }
 RETRYABLE: frozenset[str] = frozenset(
     {
@@ -43,6 +47,7 @@ RETRYABLE: frozenset[str] = frozenset(
         "verify_error",
         "mcp_server_lost",
         "budget_reached",
+        "agent_failed",
     }
 )
 UNCOUNTED: frozenset[str] = frozenset({"budget_reached"})

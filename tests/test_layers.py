@@ -28,7 +28,7 @@ PACKAGE = ROOT / "raygen"
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "config_section", "formats"),
     ("envs", "model", "tools", "input", "safety"),
-    ("sim", "verify", "config", "configfile"),
+    ("sim", "verify", "agents", "config", "configfile"),
     ("session", "output"),
     ("hygiene", "eval", "export"),
     ("distributed",),

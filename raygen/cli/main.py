@@ -20,6 +20,8 @@ from raygen.cli import hygiene as hygiene_commands
 from raygen.cli import verify as verify_commands
 from raygen.cli.console import ConsoleReporter, print_counts, print_run_summary
 from raygen.cli.options import (
+    AgentCommand,
+    AgentType,
     BestOf,
     ConfigSources,
     DatasetArg,
@@ -168,6 +170,8 @@ def run(
     max_tokens: MaxTokens = None,
     max_session_cost: MaxSessionCost = None,
     pilot: Pilot = None,
+    agent: AgentType = None,
+    agent_command: AgentCommand = None,
     resume: Annotated[bool, Opt(help="Continue the run folder: only pending samples run.")] = False,
     force: Annotated[bool, Opt(help="Resume even if the generation config changed.")] = False,
     dry_run: Annotated[bool, Opt(help="Validate and plan; print the resolved config; run nothing.")] = False,

@@ -80,6 +80,7 @@ class SessionWorker:
                 session_cap_usd=cfg.budget.max_session_cost_usd,
                 reserve_completion_tokens=reserve_completion_tokens(cfg.budget, cfg.sampling),
             ),
+            agent=cfg.agent,
         )
         self.slots = asyncio.Semaphore(cfg.ray.sessions_per_worker)
         self.pid = os.getpid()

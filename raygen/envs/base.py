@@ -38,6 +38,9 @@ class EnvSpec:
     env: dict[str, str] = field(default_factory=dict)
     secret_values: list[str] = field(default_factory=list)
     """Values that must never reach a tool's environment or output."""
+    binds: list[str] = field(default_factory=list)
+    """Host folders shown inside the sandbox at the same path, writable (an agent harness's proxy socket
+    and prompt, ``raygen.agents``); only backends with ``supports_binds`` honour them."""
 
     def env_without_secrets(self) -> dict[str, str]:
         """The row's variables minus any whose value is a secret (the key must not reach a command)."""
@@ -67,6 +70,9 @@ class Environment(ABC, Generic[ConfigT]):
     confined: ClassVar[bool] = False
     """Whether commands cannot reach the host (a container, an instance, a cloud sandbox, or no processes at
     all); False by default, so a new backend must claim it."""
+    supports_binds: ClassVar[bool] = False
+    """Whether ``EnvSpec.binds`` reach the sandbox (a host folder its commands can use), which an agent
+    harness needs to reach raygen's model proxy (docs/agents.md)."""
     own_root_filesystem: ClassVar[bool] = False
     """Whether each session sees a root file system of its own (its image's), so a task may write absolute
     paths such as ``/tests`` without touching the host or another session."""

@@ -99,6 +99,7 @@ class DockerEnvironment(Environment[DockerEnvConfig]):
 
     backend = "docker"
     confined = True
+    supports_binds = True
     own_root_filesystem = True
 
     @classmethod
@@ -173,8 +174,8 @@ class DockerEnvironment(Environment[DockerEnvConfig]):
             options["mem_limit"] = config.memory
         if config.pids_limit is not None:
             options["pids_limit"] = config.pids_limit
-        if config.mounts:
-            options["mounts"] = [bind_mount(docker, mount) for mount in config.mounts]
+        if mounts := [*config.mounts, *(f"{path}:{path}" for path in self.spec.binds)]:
+            options["mounts"] = [bind_mount(docker, mount) for mount in mounts]
         try:
             # create + start, never ``run``: run would pull a missing image behind the pull policy's back.
             container = self._client.containers.create(image, KEEPALIVE_COMMAND, **options)

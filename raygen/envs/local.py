@@ -141,6 +141,7 @@ class LocalEnvironment(Environment[LocalEnvConfig]):
     """One session's private workdir on this host (see the module docstring for what it guarantees)."""
 
     backend = "local"
+    supports_binds = True  # without bwrap every host path is there anyway
 
     @classmethod
     def confines_destructive_rows(cls, config: LocalEnvConfig) -> bool:
@@ -206,7 +207,9 @@ class LocalEnvironment(Environment[LocalEnvConfig]):
             return ["bash", "-c", command]
         extra = tuple(self.config.bwrap_ro_binds)
         return [
-            *sandbox_argv(self._bwrap, str(self.workdir), str(cwd), BWRAP_FLAGS, extra),
+            *sandbox_argv(
+                self._bwrap, str(self.workdir), str(cwd), BWRAP_FLAGS, extra, tuple(self.spec.binds)
+            ),
             "bash",
             "-c",
             command,

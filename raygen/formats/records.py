@@ -156,6 +156,34 @@ class TurnInfo(BaseModel):
     """Per reply token, the most likely alternatives (``sampling.top_logprobs`` > 0)."""
 
 
+class AgentInfo(BaseModel):
+    """How an agent harness run as the session went (``agent.type`` other than ``builtin``)."""
+
+    type: str = ""
+    """The ``agent.type``: ``command``, ``hermes``, ``mini-swe-agent``."""
+    command: str = ""
+    """The shell command as configured (placeholders not filled in)."""
+    exit_code: int | None = None
+    """The harness's exit code (None when it was stopped: timeout, a refused or failed model call)."""
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    duration_s: float = 0.0
+    """Wall time of the harness process."""
+    refused: str | None = None
+    """Why raygen's proxy refused a call of the harness (``max_turns``), if it did."""
+
+
+class ThreadInfo(BaseModel):
+    """One conversation thread of a harness's model calls: calls whose messages extend the previous one's."""
+
+    calls: list[int] = Field(default_factory=list)
+    """0-based indices of the session's model calls in this thread, in order."""
+    main: bool = False
+    """The thread ``messages`` holds (the one of the last call, docs/agents.md)."""
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    """The thread's final conversation; empty for the main thread (it is the record's ``messages``)."""
+
+
 class Trajectory(BaseModel):
     format_version: int = FORMAT_VERSION
     """The record format (``FORMAT_VERSION``); readers refuse a newer one."""
@@ -223,6 +251,11 @@ class Trajectory(BaseModel):
     loss_mask: list[int] = Field(default_factory=list)
     """One 0/1 per message of ``messages``: 1 for the messages a trainer learns from (the model's own
     replies), 0 for the rest (``raygen.formats.loss_mask``, docs/exports.md)."""
+    agent: AgentInfo | None = None
+    """The harness run as the session (None for raygen's own loop, ``agent.type: builtin``)."""
+    threads: list[ThreadInfo] = Field(default_factory=list)
+    """A harness's model calls grouped into conversation threads (empty for raygen's own loop); more
+    than one when the harness compacted its context or ran sub-agents (docs/agents.md)."""
 
     def without_token_ids(self) -> Trajectory:
         """The record with its turns' token ids and token texts dropped (logprobs kept): for a record whose

@@ -33,6 +33,12 @@ more assistant turns, so any conversation that already has this many gets the fi
 termination)."""
 
 _HALLUCINATED_NAMES = ("web_search", "browse_web", "search_internet")
+SHELL_TOOLS = ("terminal", "bash", "Bash")
+"""Names of a shell tool (each takes ``command``): raygen's and Hermes Agent's ``terminal``, mini-swe-agent's
+``bash``, Claude Code's ``Bash``."""
+SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+"""mini-swe-agent ends a task when a command prints this; a harness whose prompt asks for it gets it as
+the final answer's tool call (a reply without a tool call would be a format error there)."""
 
 
 def is_nonexistent_model(model: str) -> bool:
@@ -178,9 +184,15 @@ def offered_tool_names(tools: list[dict[str, Any]] | None) -> set[str]:
     return names
 
 
+def shell_tool(offered: set[str]) -> str | None:
+    """The offered shell tool, if any (``SHELL_TOOLS``, in that order)."""
+    return next((name for name in SHELL_TOOLS if name in offered), None)
+
+
 def _probe_tools(offered: set[str]) -> list[str]:
     """Tools of the probe turn. The file check needs both write_file and read_file to mean anything."""
-    probes = ["terminal"] if "terminal" in offered else []
+    shell = shell_tool(offered)
+    probes = [shell] if shell else []
     if {"write_file", "read_file"} <= offered:
         probes.append("write_file")
     return probes
@@ -215,8 +227,9 @@ def _verify(plan: Plan, offered: set[str], history: _History) -> dict[str, str]:
             return "skip"
         return "ok" if history.any_result_contains(tool, token) else "fail"
 
+    shell = shell_tool(offered)
     return {
-        "terminal": outcome("terminal" in offered, "terminal", plan.terminal_token),
+        "terminal": outcome(shell is not None, shell or "", plan.terminal_token),
         "file": outcome("write_file" in _probe_tools(offered), "read_file", plan.file_token),
     }
 
@@ -230,9 +243,9 @@ def _calls_for(
         return [(_hallucinated_name(offered, plan.nonce), {"query": prompt[:200]})]
     if action == "probe":
         calls = []
-        if "terminal" in offered:
+        if shell := shell_tool(offered):
             probe = f"printf 'raygen-%s-%d\\n' {plan.nonce} $((6*7))"
-            calls.append(("terminal", {"command": setup_prefix(tools) + probe}))
+            calls.append((shell, {"command": setup_prefix(tools) + probe}))
         if "write_file" in _probe_tools(offered):
             calls.append(("write_file", {"path": plan.check_path, "content": plan.file_token}))
         return calls
@@ -308,6 +321,9 @@ def respond(request: dict[str, Any], cfg: SimConfig) -> PolicyReply:
         verify = _verify(plan, offered, history)
         decision["verify"] = verify
         visible, reasoning = _final_text(verify, offered)
+        shell = shell_tool(offered)
+        if shell and any(SUBMIT_COMMAND in message_text(m.get("content")) for m in messages[:2]):
+            calls = [(shell, {"command": SUBMIT_COMMAND})]
     else:
         visible, reasoning = None, _REASONING[action]
     coding = coding_step(prompt, offered, [name for name, _, _ in history.calls], cfg, request.get("seed"))

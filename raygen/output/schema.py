@@ -10,7 +10,8 @@ free-form values whose keys vary from record to record are stored as JSON string
 - ``tool_stats``: keyed by tool name, and the known tools vary with the run's toolsets;
 - ``tool_error_counts``: keyed by error kind;
 - ``verification`` (null for rows without a check) and ``artifacts``: the verified-trajectory fields, kept
-  as JSON so records of runs with and without checks share one schema.
+  as JSON so records of runs with and without checks share one schema;
+- ``agent`` (null for raygen's own loop) and ``threads``: a harness run as the session (docs/agents.md).
 
 Decode them with ``json.loads``. ``safety_labels`` has a fixed shape, so it is typed:
 ``list<struct<turn: int64, tool: string, label: string, rule_id: string>>`` (empty list for most rows);
@@ -29,7 +30,16 @@ import pyarrow as pa
 
 from raygen.formats.records import EnvInfo, ReasoningCounts, SafetyLabel, Timing, Usage
 
-JSON_COLUMNS = ("messages", "metadata", "tool_stats", "tool_error_counts", "verification", "artifacts")
+JSON_COLUMNS = (
+    "messages",
+    "metadata",
+    "tool_stats",
+    "tool_error_counts",
+    "verification",
+    "artifacts",
+    "agent",
+    "threads",
+)
 """Columns holding a JSON string (decode with ``json.loads``)."""
 
 _STRUCT_MODELS = {"reasoning": ReasoningCounts, "usage": Usage, "timing": Timing, "env": EnvInfo}
@@ -128,6 +138,8 @@ SCHEMA = pa.schema(
         pa.field("artifacts", pa.string(), nullable=False),
         pa.field("turns", pa.list_(TURN_INFO)),
         pa.field("loss_mask", pa.list_(pa.int8())),
+        pa.field("agent", pa.string(), nullable=False),
+        pa.field("threads", pa.string(), nullable=False),
     ]
 )
 
@@ -195,6 +207,8 @@ def to_row(record: dict[str, Any]) -> dict[str, Any]:
         "artifacts": _json(record.get("artifacts"), []),
         "turns": [_turn(item) for item in record.get("turns") or ()],
         "loss_mask": [int(bool(v)) for v in record.get("loss_mask") or ()],
+        "agent": json.dumps(record.get("agent"), ensure_ascii=False, separators=(",", ":")),
+        "threads": _json(record.get("threads"), []),
     }
 
 

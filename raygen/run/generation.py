@@ -146,6 +146,8 @@ def _optional_generation(config: RunConfig) -> dict[str, Any]:
         "ephemeral_system_prompt": session.ephemeral_system_prompt,
         "prefill": session.resolved_prefill(),
         "store_prefill": session.store_prefill or None,
+        # The harness decides the conversation as much as the model does (raygen's own loop: absent).
+        "agent": config.agent.model_dump(mode="json") if config.agent.type != "builtin" else None,
     }
     return {key: value for key, value in optional.items() if value}
 

@@ -17,6 +17,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from raygen.agents import create_harness
 from raygen.config import SessionConfig
 from raygen.envs import EnvSpec, create_environment, environment_class
 from raygen.errors import SessionFailure
@@ -24,10 +25,12 @@ from raygen.formats.limits import cut_reply, reply_chars
 from raygen.formats.prompting import request_messages
 from raygen.formats.reasoning import split_reasoning
 from raygen.formats.records import (
+    AgentInfo,
     Artifact,
     EnvInfo,
     ReasoningCounts,
     SafetyLabel,
+    ThreadInfo,
     ToolStat,
     Trajectory,
     TurnInfo,
@@ -42,6 +45,7 @@ from raygen.model.base import SAMPLE_INDEX, ChatModel
 from raygen.model.pricing import CostPolicy, ModelPricing, SessionSpend
 from raygen.safety import label_tool_call
 from raygen.session.capture import TurnCapture
+from raygen.session.harness import run_harness
 from raygen.session.offer import OFFERS_KEPT, Offer
 from raygen.session.record import build_record
 from raygen.tools.base import ToolContext, ToolResult
@@ -69,12 +73,15 @@ class SessionRunner:
         on_sandbox: Callable[[int], None] | None = None,
         mcp: McpSettings | None = None,
         cost: CostPolicy | None = None,
+        agent: Any = None,  # an AgentConfig (raygen.agents.configs); None: raygen's own loop
     ):
         self.model = model
         self.mcp = mcp or McpSettings()
         """The run's MCP servers and options (raygen/tools/mcp_session.py)."""
         # Prices each call and keeps it within the run's and the session's budgets (raygen.model.pricing).
         self.cost = cost or CostPolicy(ModelPricing.resolve(model.name))
+        self.harness = create_harness(agent)
+        """The harness run as each session (``agent:`` config); None: raygen's own loop."""
         self.on_sandbox = on_sandbox
         """Told +1 when a session's environment starts and -1 when it closes (metrics)."""
         self.verify_default = verify_default
@@ -131,6 +138,8 @@ class _SessionState:
         self.runner = runner
         self.offer = runner.offer(sample.toolsets)
         self.tools, self.offered, self.schemas = self.offer.tools, self.offer.offered, self.offer.schemas
+        self.tools_block = self.offer.tools_block
+        self.toolsets_used = list(sample.toolsets) + sorted(set(sample.row.mcp_servers or ()))
         self.messages: list[dict[str, Any]] = []
         if runner.system_prompt:
             self.messages.append({"role": "system", "content": runner.system_prompt})
@@ -163,6 +172,9 @@ class _SessionState:
         self.verification: Verification | None = None
         self.artifacts: list[Artifact] = []
         self.mcp = runner.mcp.for_session(sample.toolsets, sample.row.mcp_servers)
+        self.binds: list[str] = []  # a harness's seat folder, while its environment starts
+        self.agent_info: AgentInfo | None = None
+        self.threads: list[ThreadInfo] = []
 
     async def run(self) -> None:
         await self._check_image()
@@ -180,7 +192,10 @@ class _SessionState:
             if self.mcp is not None:
                 stack.push_async_callback(self.mcp.close)  # again after the environment: closed before it
                 await self._start_row_servers(ctx)
-            await self._loop(ctx)
+            if self.runner.harness is not None:
+                await run_harness(self, ctx)
+            else:
+                await self._loop(ctx)
             await self._verify(ctx)
             t = time.monotonic()
         if ctx.env is not None:
@@ -194,6 +209,7 @@ class _SessionState:
             cwd=self.sample.row.cwd,
             env=dict(self.sample.row.env),
             secret_values=self.runner.scrubber.values,
+            binds=list(self.binds),
         )
 
     async def _ensure_env(self, ctx: ToolContext) -> None:

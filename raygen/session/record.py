@@ -1,4 +1,4 @@
-"""A finished (or failed) session's state as its ``Trajectory`` record."""
+"""The record of one session (``raygen.session.agent``), whichever agent ran it."""
 
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ def build_record(state: Any) -> Trajectory:
         attempt=state.sample.attempt,
         category=row.category,
         metadata=dict(row.metadata),
-        conversations=to_sharegpt(state.messages, state.schemas, state.offer.tools_block),
+        conversations=to_sharegpt(state.messages, state.schemas, state.tools_block),
         messages=state.messages,
         completed=state.completed,
         exit_status=state.exit_status,
         error=state.error,
         api_calls=state.api_calls,
-        toolsets_used=list(state.sample.toolsets) + sorted(set(state.sample.row.mcp_servers or ())),
+        toolsets_used=state.toolsets_used,
         mcp_servers=state.mcp.records() if state.mcp is not None else [],
         tools_offered=sorted(state.offered),
         tool_stats=state.tool_stats,
@@ -60,6 +60,8 @@ def build_record(state: Any) -> Trajectory:
         artifacts=state.artifacts,
         turns=state.turns,
         loss_mask=loss_mask(state.messages, state.turns, state.first_generated),
+        agent=state.agent_info,
+        threads=state.threads,
     )
     scrubbed = state.scrubber.scrub_record(record)
     if scrubbed is not record:  # a secret was in the text: its tokens would still spell it
