@@ -89,3 +89,17 @@ def test_samples_per_prompt_beyond_its_limit_is_refused_at_once(tmp_path):
     assert result.exit_code == 0, result.output
     assert "run p-" in result.output and f"{MAX_SAMPLES_PER_PROMPT} samples" in result.output
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_nan_sampling_value_stops_the_run_before_anything_starts(tmp_path):
+    # issue 28 case 2, as a user meets it: no config error, NaN in manifest.json, every call failed.
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"prompt": "list files"}) + "\n")
+    args = ["run", str(data), "--dry-run", "--output-dir", str(tmp_path / "runs")]
+    args += ["-c", "sampling.temperature=.nan"]  # (a dry run: before the fix it ran on, and exited 0)
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 2, result.output
+    assert (
+        "-c sampling.temperature=.nan: sampling.temperature: Input should be a finite number" in result.output
+    )
+    assert not (tmp_path / "runs").exists()

@@ -71,3 +71,16 @@ def test_a_huge_prompt_line_passes_with_a_warning(tmp_path: Path):
     assert report.ok and report.rows == 2
     [notice] = [n for n in report.notices if n.field == "(line)"]
     assert notice.line == 1 and f"over {LARGE_LINE_BYTES}" in notice.message
+
+
+def test_validate_names_a_nul_in_a_check_command(tmp_path: Path):
+    # issue 28 case 8 through the command a user runs before spending anything.
+    from typer.testing import CliRunner
+
+    from raygen.cli import main as cli
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt": "p", "verify": {"command": "pytest\u0000-q"}}) + "\n")
+    result = CliRunner().invoke(cli.app, ["validate", str(path)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"error: {path}:1: verify.command: contains a NUL character" in " ".join(result.output.split())

@@ -106,3 +106,21 @@ def test_warnings_name_the_task_folder_in_plain_text(tmp_path):
     plain = tmp_path / "p.jsonl"
     plain.write_text('{"prompt": "a"}\n{"prompt": "a"}\n')
     assert str(task_findings(scan_dataset(plain), plain).notices[0]).startswith(f"{plain}:2: prompt: ")
+
+
+def test_the_run_command_says_each_task_problem_in_one_line(tmp_path):
+    # Cases 5 and 6 as a user meets them: `raygen run TASKS --env docker` stops before any image or model.
+    from typer.testing import CliRunner
+
+    from raygen.cli import main as cli
+
+    root = _tasks(tmp_path, "add-numbers", "count-words")
+    (root / "add-numbers" / "instruction.md").write_bytes(b"\xff\xfe")
+    (root / "count-words" / "tests" / "key").symlink_to("/etc/hostname")
+    args = ["run", str(root), "--env", "docker", "--output-dir", str(tmp_path / "runs")]
+    result = CliRunner().invoke(cli.app, args, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert result.exit_code == 2 and result.exception is not None and "Traceback" not in result.output
+    said = " ".join(result.output.split())
+    assert f"{root / 'add-numbers' / 'instruction.md'}: (file): not UTF-8 text" in said
+    assert f"{root / 'count-words' / 'tests' / 'key'}: (file): a symbolic link out of the task folder" in said
+    assert not (tmp_path / "runs").exists()
