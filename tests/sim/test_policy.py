@@ -159,10 +159,31 @@ def test_hallucination_calls_an_unoffered_tool_then_continues():
     assert replies[0].decision["hallucinate"] is True
     # The error result of the unknown tool does not derail the rest of the script.
     assert verdict(messages) == ("ok", "ok")
-    # hallucinate, probe, read back, explore (the offered web tools are not built in: each called once)
-    assert len(replies) == 5
-    explored = {c["function"]["name"] for c in replies[3].message["tool_calls"]}
-    assert explored == {"web_search", "browse_web", "search_internet"}
+    # hallucinate, probe, read back, final answer: the offered web tools are no MCP tools, so not explored
+    assert len(replies) == 4
+    assert "tool_calls" not in replies[3].message
+
+
+def test_only_mcp_tools_are_explored():
+    """A harness's own tools (Claude Code's Task, Hermes's browser) are never called with made-up
+    arguments; MCP tools (``server__tool``, Claude Code's ``mcp__server__tool``) are, once each."""
+    offered = [
+        "terminal",
+        "read_file",
+        "write_file",
+        "Task",
+        "browse_web",
+        "time__now",
+        "mcp__git__git_status",
+    ]
+    _, replies = drive("what changed", offered, SimConfig(hallucinate_rate=0.0), World())
+    explored = [
+        call["function"]["name"]
+        for reply in replies
+        for call in reply.message.get("tool_calls") or ()
+        if call["function"]["name"] not in ("terminal", "read_file", "write_file")
+    ]
+    assert explored == ["time__now", "mcp__git__git_status"]
 
 
 def test_hallucination_also_happens_without_offered_tools():
