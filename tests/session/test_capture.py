@@ -190,3 +190,34 @@ async def test_captured_tokens_count_toward_the_record_size_limit():
     assert rec.messages == [] and rec.loss_mask == []
     assert all(t.token_ids is None and t.logprobs is None for t in rec.turns)
     assert len(rec.model_dump_json()) < 256 * 1024
+
+
+def test_malformed_token_fields_are_left_out_not_fatal():
+    """An endpoint's broken extension fields cost the capture, never the session."""
+    from openai._models import construct_type
+    from openai.types.chat import ChatCompletion
+
+    from raygen.model.token_capture import capture
+
+    body = {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "prompt_token_ids": [1, "two", 3],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "hi"},
+                "finish_reason": "stop",
+                "token_ids": "not a list",
+                "logprobs": {
+                    "content": [{"token": "hi", "logprob": None, "bytes": None, "top_logprobs": []}]
+                },
+            }
+        ],
+    }
+    # as the SDK reads a response (without strict validation)
+    found = capture(construct_type(type_=ChatCompletion, value=body))
+    assert found.model == "m"
+    assert found.prompt_token_ids is None and found.token_ids is None and found.logprobs is None
