@@ -32,6 +32,7 @@ TOKENS_SCHEMA = pa.schema(
         pa.field("has_error", pa.bool_()),
         pa.field("cut", pa.bool_()),
         pa.field("token_source", pa.string()),
+        pa.field("turn", pa.int64()),
         pa.field("num_tokens", pa.int64()),
         pa.field("prompt_ids", pa.list_(pa.int32())),
         pa.field("response_ids", pa.list_(pa.int32())),
