@@ -36,7 +36,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation, image_names
+from raygen.envs.base import Environment, EnvSpec, ExecResult, image_names
 from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.configs import DockerEnvConfig
 from raygen.envs.docker_engine import (
@@ -123,9 +123,6 @@ class DockerEnvironment(Environment):
         self._env = spec.env_without_secrets()
         self._client: Any = None
         self._docker: Any = None
-        self._creating: asyncio.Future | None = None
-        self._removal: asyncio.Future | None = None
-        self._background: set[asyncio.Future] = set()
 
     @property
     def image(self) -> str | None:
@@ -134,8 +131,7 @@ class DockerEnvironment(Environment):
     # --- lifecycle -------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._removal is not None:
-            raise SessionFailure("env_start", "this environment was already closed")
+        self._refuse_if_closed()
         self._docker = import_docker()
         image = self.image
         if not image:
@@ -144,10 +140,9 @@ class DockerEnvironment(Environment):
         problem = (await ensure_images(self.config, {image}))[image]
         if problem:
             raise SessionFailure("image_unavailable", problem)
-        # Shielded and remembered: if start() is cancelled while the engine creates the container,
-        # close() waits for the creation to finish, then removes the container by name.
-        self._creating = asyncio.ensure_future(run_blocking(self.config, self._create_container, image))
-        self.container_id = await asyncio.shield(self._creating)
+        # If start() is cancelled while the engine creates the container, close() waits for the creation
+        # to finish, then removes the container by name.
+        self.container_id = await self._start_once(run_blocking(self.config, self._create_container, image))
 
     def _create_container(self, image: str) -> str:
         docker = self._docker
@@ -184,16 +179,8 @@ class DockerEnvironment(Environment):
             raise SessionFailure("env_start", f"cannot start a container from {image!r}: {exc}") from exc
         return container.id
 
-    async def close(self) -> None:
-        if self._removal is None:
-            self._removal = asyncio.ensure_future(self._remove())
-        await finish_despite_cancellation(self._removal)
-
-    async def _remove(self) -> None:
-        if self._creating is not None and not self._creating.done():
-            with suppress(BaseException):
-                await asyncio.shield(self._creating)
-        if self._creating is None:
+    async def _teardown(self) -> None:
+        if await self._start_outcome() is None:
             return  # nothing was ever created
         try:
             # Removing the container also ends any command still running in it (kills in flight too).
@@ -218,7 +205,7 @@ class DockerEnvironment(Environment):
                 time.sleep(0.2 * (attempt + 1))
 
     def _require_running(self) -> str:
-        if self._removal is not None:
+        if self.closed:
             raise SessionFailure("env_lost", "the container was already removed (environment closed)")
         if self.container_id is None:
             raise SessionFailure("env_lost", "the environment was not started")
@@ -306,13 +293,8 @@ class DockerEnvironment(Environment):
             code, output = await self._run_quiet(argv, user="0", internal=True)
         except SessionFailure as exc:
             code, output = None, str(exc).encode()
-        if code != 0 and self._removal is None:  # while closing, the container's removal does the killing
+        if code != 0 and not self.closed:  # while closing, the container's removal does the killing
             log.warning("could not kill a timed-out command (exit %s): %r", code, output[:300])
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     # --- files ------------------------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ import time
 from contextlib import suppress
 from typing import Any
 
-from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
+from raygen.envs.base import Environment, EnvSpec, ExecResult
 from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.configs import ModalEnvConfig
 from raygen.envs.labels import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
@@ -93,9 +93,6 @@ class ModalEnvironment(Environment):
         self._env = spec.env_without_secrets()
         self.sandbox: Any = None
         self._modal: Any = None
-        self._creating: asyncio.Future | None = None
-        self._closing: asyncio.Future | None = None
-        self._background: set[asyncio.Future] = set()
 
     @property
     def image(self) -> str | None:
@@ -118,16 +115,14 @@ class ModalEnvironment(Environment):
     # --- lifecycle -------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._closing is not None:
-            raise SessionFailure("env_start", "this environment was already closed")
+        self._refuse_if_closed()
         self._modal = import_modal()
         image = self.image
         if not image:
             raise SessionFailure("image_unavailable", "the row names no image and env.default_image is unset")
-        # Shielded and remembered: if start() is cancelled while Modal creates the sandbox, close() waits
-        # for the creation to finish, then terminates the sandbox.
-        self._creating = asyncio.ensure_future(self._create(image))
-        self.sandbox = await asyncio.shield(self._creating)
+        # If start() is cancelled while Modal creates the sandbox, close() waits for the creation to
+        # finish, then terminates the sandbox.
+        self.sandbox = await self._start_once(self._create(image))
         await self._make_workdir()
 
     async def _create(self, image: str) -> Any:
@@ -160,18 +155,10 @@ class ModalEnvironment(Environment):
                 "env_start", f"cannot create the working directory {self.cwd}: {exc}"
             ) from exc
 
-    async def close(self) -> None:
-        if self._closing is None:
-            self._closing = asyncio.ensure_future(self._terminate())
-        await finish_despite_cancellation(self._closing)
-
-    async def _terminate(self) -> None:
-        creating = self._creating
+    async def _teardown(self) -> None:
+        creating = await self._start_outcome()
         if creating is None:
             return  # nothing was ever created
-        if not creating.done():
-            with suppress(BaseException):
-                await asyncio.shield(creating)
         if creating.cancelled() or creating.exception() is not None:
             return
         sandbox = creating.result()
@@ -183,7 +170,7 @@ class ModalEnvironment(Environment):
             await sandbox.detach.aio()  # releases the SDK's connection to the sandbox's worker
 
     def _require_running(self) -> Any:
-        if self._closing is not None:
+        if self.closed:
             raise SessionFailure("env_lost", "the sandbox was already terminated (environment closed)")
         if self.sandbox is None:
             raise SessionFailure("env_lost", "the environment was not started")
@@ -191,11 +178,6 @@ class ModalEnvironment(Environment):
 
     def _lost(self, exc: BaseException) -> SessionFailure:
         return SessionFailure("env_lost", f"Modal sandbox {self.sandbox_id}: {exc}")
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     # --- commands ---------------------------------------------------------------------------------------
 
@@ -246,7 +228,7 @@ class ModalEnvironment(Environment):
         return exec_result(exit_code, out, err, timed_out, time.monotonic() - started)
 
     async def _kill_exec(self, exec_tag: str) -> None:
-        if self._closing is not None or self.sandbox is None:
+        if self.closed or self.sandbox is None:
             return  # terminating the sandbox ends every command
         try:
             process = await self.sandbox.exec.aio(
@@ -262,7 +244,7 @@ class ModalEnvironment(Environment):
             detail = (await process.stderr.read.aio())[:300] if code else b""
         except _infra_errors(self._modal) as exc:
             code, detail = None, str(exc).encode()
-        if code != 0 and self._closing is None:
+        if code != 0 and not self.closed:
             log.warning("could not kill a timed-out command (exit %s): %r", code, detail)
 
     # --- files ------------------------------------------------------------------------------------------
