@@ -32,13 +32,13 @@ import socket
 import tarfile
 import time
 from collections.abc import Iterable, Mapping
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 from raygen.envs.base import Environment, EnvSpec, ExecResult, image_names
 from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.configs import DockerEnvConfig
+from raygen.envs.docker_channel import MAX_CHANNEL_WRITE, ExecChannel, channel_usable_env, open_channel
 from raygen.envs.docker_engine import (
     build_missing_images,
     ensure_images,
@@ -47,7 +47,7 @@ from raygen.envs.docker_engine import (
     reap_containers,
     run_blocking,
 )
-from raygen.envs.docker_stream import open_exec_stream, read_exec_output
+from raygen.envs.docker_stream import close_stream, drain_exec_stream, open_exec_stream, read_exec_output
 from raygen.envs.labels import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
 from raygen.envs.processes import (
     EXEC_ID_VAR,
@@ -72,25 +72,6 @@ _PREPARE_WRITE_SCRIPT = 'mkdir -p -- "$1" || exit 1; [ -d "$2" ] && exit 2; exit
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:40] or "x"
-
-
-def _drain(stream: Any, out: OutputCapture, err: OutputCapture) -> Exception | None:
-    """Blocking: read a demultiplexed exec stream to its end; the error that ended it early, if any
-    (expected when we closed the stream ourselves; otherwise the engine or container went away)."""
-    try:
-        for stdout_chunk, stderr_chunk in stream:
-            if stdout_chunk:
-                out.feed(stdout_chunk)
-            if stderr_chunk:
-                err.feed(stderr_chunk)
-    except Exception as exc:
-        return exc
-    return None
-
-
-def _close_stream(stream: Any) -> None:
-    with suppress(Exception):
-        stream.close()
 
 
 class DockerEnvironment(Environment):
@@ -123,6 +104,7 @@ class DockerEnvironment(Environment):
         self._env = spec.env_without_secrets()
         self._client: Any = None
         self._docker: Any = None
+        self._channel: ExecChannel | None = None
 
     @property
     def image(self) -> str | None:
@@ -143,6 +125,10 @@ class DockerEnvironment(Environment):
         # If start() is cancelled while the engine creates the container, close() waits for the creation
         # to finish, then removes the container by name.
         self.container_id = await self._start_once(run_blocking(self.config, self._create_container, image))
+        if self.config.exec_channel:
+            self._channel = await open_channel(
+                self.config, self._client, self.container_id, self.container_name
+            )
 
     def _create_container(self, image: str) -> str:
         docker = self._docker
@@ -182,6 +168,8 @@ class DockerEnvironment(Environment):
     async def _teardown(self) -> None:
         if await self._start_outcome() is None:
             return  # nothing was ever created
+        if self._channel is not None:
+            await self._channel.close()
         try:
             # Removing the container also ends any command still running in it (kills in flight too).
             await run_blocking(self.config, self._remove_container)
@@ -247,7 +235,15 @@ class DockerEnvironment(Environment):
             raise self._lost(exc) from exc
         return info.get("ExitCode"), output or b""
 
+    def _open_channel(self) -> ExecChannel | None:
+        self._require_running()
+        return self._channel if self._channel is not None and self._channel.usable else None
+
     async def exec(self, command: str, timeout_s: float, max_output_chars: int) -> ExecResult:
+        if (channel := self._open_channel()) and channel_usable_env(self._env):
+            return await channel.exec(
+                command, self.cwd, self._env, timeout_s, max_output_chars, self._kill_exec
+            )
         started = time.monotonic()
         exec_tag = secrets.token_hex(12)
         exec_id = await self._exec_create(["sh", "-c", command], {**self._env, EXEC_ID_VAR: exec_tag})
@@ -256,7 +252,7 @@ class DockerEnvironment(Environment):
         except (self._docker.errors.DockerException, OSError) as exc:
             raise self._lost(exc) from exc
         out, err = OutputCapture(max_output_chars), OutputCapture(max_output_chars)
-        reader = asyncio.ensure_future(run_blocking(self.config, _drain, stream, out, err))
+        reader = asyncio.ensure_future(run_blocking(self.config, drain_exec_stream, stream, out, err))
         timed_out = stream_closed = False
         try:
             await asyncio.wait([reader], timeout=timeout_s)
@@ -266,13 +262,13 @@ class DockerEnvironment(Environment):
                 await asyncio.wait([reader], timeout=KILL_GRACE_S)
         except asyncio.CancelledError:
             # Stop listening now and kill the command in the background (or close() removes it all).
-            _close_stream(stream)
+            close_stream(stream)
             self._spawn(self._kill_exec(exec_tag))
             raise
         if not reader.done():
             # Something escaped the kill (it scrubbed its environment) and holds the output open.
             stream_closed = True
-            _close_stream(stream)
+            close_stream(stream)
             await asyncio.wait([reader], timeout=KILL_GRACE_S)
         stream_error = reader.result() if reader.done() else None
         if stream_error is not None and not stream_closed:
@@ -304,6 +300,8 @@ class DockerEnvironment(Environment):
     async def read_file(self, path: str) -> bytes:
         container_id = self._require_running()
         target = self._absolute(path)
+        if channel := self._open_channel():
+            return await channel.read_file(target, path)
         for _ in range(_MAX_SYMLINK_HOPS):
             member, data = await run_blocking(self.config, self._fetch, container_id, target, path)
             if not member.issym():
@@ -350,6 +348,8 @@ class DockerEnvironment(Environment):
         container_id = self._require_running()
         target = self._absolute(path)
         parent = posixpath.dirname(target) or "/"
+        if (channel := self._open_channel()) and len(data) <= MAX_CHANNEL_WRITE:
+            return await channel.write_file(target, parent, data, path)
         code, output = await self._run_quiet(
             ["sh", "-c", _PREPARE_WRITE_SCRIPT, "raygen-write", parent, target]
         )
