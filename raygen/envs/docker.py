@@ -48,6 +48,7 @@ from raygen.envs.docker_engine import (
     run_blocking,
 )
 from raygen.envs.docker_stream import close_stream, drain_exec_stream, open_exec_stream, read_exec_output
+from raygen.envs.fleet import SandboxRefused
 from raygen.envs.labels import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
 from raygen.envs.processes import (
     EXEC_ID_VAR,
@@ -162,7 +163,11 @@ class DockerEnvironment(Environment):
         except docker.errors.ImageNotFound as exc:
             raise SessionFailure("image_unavailable", f"image {image!r}: {exc.explanation or exc}") from exc
         except (docker.errors.DockerException, OSError) as exc:
-            raise SessionFailure("env_start", f"cannot start a container from {image!r}: {exc}") from exc
+            refused = any(word in str(exc).lower() for word in ("timed out", "timeout", "deadline exceeded"))
+            failure = (
+                SandboxRefused if refused else SessionFailure
+            )  # an overloaded daemon: the governor learns
+            raise failure("env_start", f"cannot start a container from {image!r}: {exc}") from exc
         return container.id
 
     async def _teardown(self) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 from raygen.envs.base import Environment, EnvSpec, ExecResult
 from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.configs import ModalEnvConfig
+from raygen.envs.fleet import SandboxRefused
 from raygen.envs.labels import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
 from raygen.envs.processes import EXEC_ID_VAR, KILL_BY_EXEC_ID_SCRIPT, KILL_GRACE_S, TIMEOUT_EXIT_CODE
 from raygen.errors import MissingExtraError, SessionFailure
@@ -144,6 +145,8 @@ class ModalEnvironment(Environment):
             return await modal.Sandbox.create.aio(app=app, **options)
         except errors.ImageBuildError as exc:
             raise SessionFailure("image_unavailable", f"image {image!r}: {exc}") from exc
+        except errors.ResourceExhaustedError as exc:  # Modal's creation rate limit: the governor learns
+            raise SandboxRefused("env_start", f"Modal refused a sandbox for {image!r}: {exc}") from exc
         except _infra_errors(modal) as exc:
             raise SessionFailure("env_start", f"cannot create a Modal sandbox from {image!r}: {exc}") from exc
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from raygen.envs.base import Environment, EnvSpec, ExecResult
 from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.configs import SingularityEnvConfig
+from raygen.envs.fleet import SandboxRefused
 from raygen.envs.host import make_workdir, remove_tree
 from raygen.envs.processes import (
     DRAIN_GRACE_S,
@@ -197,8 +198,8 @@ class SingularityEnvironment(Environment):
         ]  # fmt: skip
         try:
             code, out, err = await self._run_quiet(argv, timeout_s=self.config.start_timeout_s)
-        except TimeoutError as exc:
-            raise SessionFailure(
+        except TimeoutError as exc:  # an overloaded node: the sandbox governor learns from it
+            raise SandboxRefused(
                 "env_start", f"instance start took over {self.config.start_timeout_s}s"
             ) from exc
         if code != 0:
