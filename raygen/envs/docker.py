@@ -47,6 +47,7 @@ from raygen.envs.docker_engine import (
     reap_containers,
     run_blocking,
 )
+from raygen.envs.docker_pool import adopt_warm
 from raygen.envs.docker_stream import close_stream, drain_exec_stream, open_exec_stream, read_exec_output
 from raygen.envs.fleet import SandboxRefused
 from raygen.envs.labels import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
@@ -80,6 +81,7 @@ class DockerEnvironment(Environment):
 
     backend = "docker"
     confined = True
+    extra_labels: dict[str, str] = {}
     own_root_filesystem = True
 
     @classmethod
@@ -123,6 +125,8 @@ class DockerEnvironment(Environment):
         problem = (await ensure_images(self.config, {image}))[image]
         if problem:
             raise SessionFailure("image_unavailable", problem)
+        if self.config.warm_pool and await adopt_warm(self, image):
+            return
         # If start() is cancelled while the engine creates the container, close() waits for the creation
         # to finish, then removes the container by name.
         self.container_id = await self._start_once(run_blocking(self.config, self._create_container, image))
@@ -141,6 +145,7 @@ class DockerEnvironment(Environment):
                 LABEL_SAMPLE: self.spec.session_key,
                 LABEL_OWNER_PID: str(os.getpid()),
                 LABEL_OWNER_HOST: socket.gethostname(),
+                **self.extra_labels,
             },
             "init": True,
             "working_dir": self.cwd,  # Docker creates it
