@@ -11,6 +11,8 @@ Scenarios (``--only`` takes these names, or ``governor`` for the first two):
               runner; where raygen's start-up goes (imports, Ray start, actors)
   scale       2,000 concurrent sessions at 30 s model latency: % of ideal, peak memory
   sandboxes   start / exec / stop latency per environment backend; Docker sessions/s at 16 and 64
+  fleet       Docker at fleet scale, side by side: raygen vs the thinnest Docker runner at 16 and 64 in
+              flight, median exec (channel vs docker exec), median sandbox wait with a warm pool
   verify      what a hidden check adds per session (wall s, CPU s): fresh and same mode, local and Docker
   durability  SIGKILL of an actor and of the driver's process group at random moments, with stragglers,
               then --resume: sessions re-sent / sessions in flight at the kill, from the simulator's log
@@ -43,13 +45,24 @@ ORDER = [
     "startup",
     "scale",
     "sandboxes",
+    "fleet",
     "verify",
     "durability",
 ]
 
 
 def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
-    from bench import convlen, durability, governor, sandboxes, scale, startup, throughput, verify_cost
+    from bench import (
+        convlen,
+        docker_fleet,
+        durability,
+        governor,
+        sandboxes,
+        scale,
+        startup,
+        throughput,
+        verify_cost,
+    )
 
     return {
         "limits": governor.limits,
@@ -59,6 +72,7 @@ def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
         "startup": startup.run,
         "scale": scale.run,
         "sandboxes": sandboxes.run,
+        "fleet": docker_fleet.run,
         "verify": verify_cost.run,
         "durability": durability.run,
     }
