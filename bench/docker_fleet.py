@@ -105,7 +105,8 @@ def _pair(ctx: Context, sim: Sim, concurrency: int, sessions: int) -> list[Row]:
         Row(
             "docker fleet",
             f"{concurrency} in flight: median sandbox wait raygen (warm pool) vs thin (container start)",
-            f"{figures['raygen_env_setup_median_s']:.3f} s vs {figures['thin_container_start_median_s']:.3f} s",
+            f"{figures['raygen_env_setup_median_s']:.3f} s vs "
+            f"{figures['thin_container_start_median_s']:.3f} s",
             note=f"thin runner's median docker exec {1000 * figures['thin_exec_median_s']:.0f} ms",
         ),
     ]
