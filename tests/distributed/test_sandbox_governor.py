@@ -130,5 +130,5 @@ async def test_the_service_makes_concurrent_askers_wait_their_turn():
 def test_backends_without_limits_get_an_open_gate():
     assert isinstance(sandbox_gate_for(LocalEnvConfig()), OpenSandboxGate)
     assert isinstance(sandbox_gate_for(DockerEnvConfig(fleet=FleetLimits())), OpenSandboxGate)
-    assert DockerEnvConfig().fleet.max_starting == 4
+    assert DockerEnvConfig().fleet.max_starting == 32
     assert ModalEnvConfig().fleet.creations_per_s == 5.0
