@@ -3,8 +3,10 @@
 The container runs a do-nothing keep-alive under Docker's init (``init=True``: PID 1 reaps orphans and
 forwards signals), with no network (``network_mode=none``) unless ``env.network``, never privileged, no
 host mounts unless ``env.mounts``, CPU/memory/PID limits from the config, and labels naming the run, the
-session and the owning process so the reaper can find leftovers. Commands run with ``docker exec`` as
-``sh -c`` in the session's cwd (created by Docker as the container's working directory).
+session and the owning process so the reaper can find leftovers. Commands run as ``sh -c`` in the
+session's cwd (created by Docker as the container's working directory): through the exec channel
+(``docker_channel``: the container's own ``sh``, its stdin attached) unless ``env.exec_channel`` is off,
+else with one ``docker exec`` each; the keep-alive is then a ``sleep``.
 
 Timeouts: every exec carries a unique ``RAYGEN_EXEC_ID`` variable in its environment, which every child
 inherits, whatever process group or session it moves to. On timeout a second exec SIGKILLs every process
@@ -38,9 +40,17 @@ from typing import Any
 from raygen.envs.base import Environment, EnvSpec, ExecResult, image_names
 from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.configs import DockerEnvConfig
-from raygen.envs.docker_channel import MAX_CHANNEL_WRITE, ExecChannel, channel_usable_env, open_channel
+from raygen.envs.docker_channel import (
+    CHANNEL_COMMAND,
+    MAX_CHANNEL_WRITE,
+    ExecChannel,
+    attach_stdin,
+    channel_over,
+    channel_usable_env,
+)
 from raygen.envs.docker_engine import (
     build_missing_images,
+    container_options,
     ensure_images,
     get_client_async,
     import_docker,
@@ -129,51 +139,35 @@ class DockerEnvironment(Environment):
             return
         # If start() is cancelled while the engine creates the container, close() waits for the creation
         # to finish, then removes the container by name.
-        self.container_id = await self._start_once(run_blocking(self.config, self._create_container, image))
-        if self.config.exec_channel:
-            self._channel = await open_channel(
-                self.config, self._client, self.container_id, self.container_name
-            )
+        created = await self._start_once(run_blocking(self.config, self._create_container, image))
+        self.container_id, attached = created
+        if attached is not None:
+            self._channel = await channel_over(attached, self.container_name)
 
-    def _create_container(self, image: str) -> str:
+    def _create_container(self, image: str) -> tuple[str, socket.socket | None]:
         docker = self._docker
-        config = self.config
-        options: dict[str, Any] = {
-            "name": self.container_name,
-            "labels": {
-                LABEL_RUN: self.spec.run_name,
-                LABEL_SAMPLE: self.spec.session_key,
-                LABEL_OWNER_PID: str(os.getpid()),
-                LABEL_OWNER_HOST: socket.gethostname(),
-                **self.extra_labels,
-            },
-            "init": True,
-            "working_dir": self.cwd,  # Docker creates it
-            "network_mode": None if config.network else "none",
-            "privileged": False,
-            "detach": True,
+        labels = {
+            LABEL_RUN: self.spec.run_name,
+            LABEL_SAMPLE: self.spec.session_key,
+            LABEL_OWNER_PID: str(os.getpid()),
+            LABEL_OWNER_HOST: socket.gethostname(),
+            **self.extra_labels,
         }
-        if config.cpus is not None:
-            options["nano_cpus"] = int(config.cpus * 1e9)
-        if config.memory is not None:
-            options["mem_limit"] = config.memory
-        if config.pids_limit is not None:
-            options["pids_limit"] = config.pids_limit
-        if config.mounts:
-            options["mounts"] = [_bind_mount(docker, mount) for mount in config.mounts]
+        options = container_options(self.config, self.container_name, labels, self.cwd)
+        command = CHANNEL_COMMAND if self.config.exec_channel else KEEPALIVE_COMMAND
         try:
             # create + start, never ``run``: run would pull a missing image behind the pull policy's back.
-            container = self._client.containers.create(image, KEEPALIVE_COMMAND, **options)
+            container = self._client.containers.create(image, command, **options)
+            attached = attach_stdin(self._client.api, container.id) if self.config.exec_channel else None
             container.start()
         except docker.errors.ImageNotFound as exc:
             raise SessionFailure("image_unavailable", f"image {image!r}: {exc.explanation or exc}") from exc
         except (docker.errors.DockerException, OSError) as exc:
+            # An overloaded daemon times out: a refusal, which the sandbox governor learns from.
             refused = any(word in str(exc).lower() for word in ("timed out", "timeout", "deadline exceeded"))
-            failure = (
-                SandboxRefused if refused else SessionFailure
-            )  # an overloaded daemon: the governor learns
+            failure = SandboxRefused if refused else SessionFailure
             raise failure("env_start", f"cannot start a container from {image!r}: {exc}") from exc
-        return container.id
+        return container.id, attached
 
     async def _teardown(self) -> None:
         if await self._start_outcome() is None:
@@ -390,8 +384,3 @@ def _container_gone(exc: Any) -> bool:
     # 404 means either "no such container" or "no such path in it"; 409 means "container not running".
     text = str(getattr(exc, "explanation", None) or exc).lower()
     return "no such container" in text or "is not running" in text
-
-
-def _bind_mount(docker: Any, spec: str) -> Any:
-    source, target, *mode = spec.split(":")
-    return docker.types.Mount(target=target, source=source, type="bind", read_only=mode == ["ro"])

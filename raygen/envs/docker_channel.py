@@ -3,9 +3,10 @@ attached stdin, instead of one ``docker exec`` per tool call.
 
 Why: a ``docker exec`` is an exec create, a start with an HTTP upgrade and an inspect, each a round trip
 through dockerd and containerd, which are CPU-bound on a small machine (measured on 2 cores with 16
-containers at once: 0.6 s per exec, against a few ms through the channel). The channel is opened once per
-container with one exec (``sh`` with stdin attached, the image's own user and environment, as every
-``docker exec`` had); afterwards commands cost only the forks inside the container.
+containers at once: 0.6 s per exec, against a few ms through the channel). The channel is the
+container's own process: ``sh`` with its stdin attached before the container starts (the image's own
+user and environment, as every ``docker exec`` had; the container's log driver is ``none``, so what
+travels is not also written to disk); commands then cost only the forks inside the container.
 
 Protocol. The host writes shell code to the channel's stdin; the channel's ``sh`` runs each request as a
 background subshell, so tool calls of one session run at once and a kill never waits behind a command.
@@ -27,7 +28,8 @@ background subshell, so tool calls of one session run at once and a kill never w
 
 The channel's stream is Docker's multiplexed exec stream (8-byte frame headers); a reader task on the
 event loop parses it, so an open channel holds no thread. When the channel ends (EOF, a command killed
-its shell), requests in flight fail with ``env_lost`` and later calls fall back to ``docker exec``.
+its shell, which ends the container as killing the keep-alive did), requests in flight fail with
+``env_lost``; so do later calls, through ``docker exec``, once the container is gone.
 """
 
 from __future__ import annotations
@@ -47,7 +49,6 @@ from typing import Any
 
 from raygen.envs.base import ExecResult
 from raygen.envs.capture import OutputCapture, exec_result
-from raygen.envs.docker_engine import run_blocking
 from raygen.envs.processes import (
     EXEC_ID_VAR,
     KILL_BY_EXEC_ID_SCRIPT,
@@ -264,30 +265,18 @@ class ExecChannel:
         return stream_id, await self._reader.readexactly(length)
 
 
-async def open_channel(config: Any, client: Any, container_id: str, name: str) -> ExecChannel | None:
-    """Start the channel's ``sh`` in the container and attach to it; None where the engine's transport
-    is not a plain socket (TLS, ssh) or the exec cannot start (the backend then uses ``docker exec``)."""
-    try:
-        created = await run_blocking(
-            config, client.api.exec_create, container_id, ["sh"], stdin=True, workdir="/"
-        )
-        sock = await run_blocking(config, _attach, client.api, created["Id"])
-    except Exception as exc:
-        log.info("no exec channel for %s (%s): using docker exec per command", name, exc)
-        return None
-    if sock is None:
-        return None
-    reader, writer = await asyncio.open_connection(sock=sock)
-    channel = ExecChannel(reader, writer, name)
-    writer.write(PRELUDE.encode())
-    await writer.drain()
-    return channel
+CHANNEL_COMMAND = ["sh"]
+"""The container's own process when the channel is on: ``sh`` reading the host's requests from its stdin
+(kept open by the engine while nobody is attached, so it also keeps the container alive, as the
+keep-alive ``sleep`` does without the channel)."""
 
 
-def _attach(api: Any, exec_id: str) -> socket.socket | None:
-    """Blocking: start the exec with its stdin attached; a non-blocking socket of our own (a dup, so
-    closing docker-py's response does not close it), or None on a transport we cannot take over."""
-    raw = api.exec_start(exec_id, socket=True)
+def attach_stdin(api: Any, container_id: str) -> socket.socket | None:
+    """Blocking, between create and start: attach to the container's stdin, stdout and stderr; a
+    non-blocking socket of our own (a dup, so closing docker-py's response does not close it), or None on
+    a transport we cannot take over (TLS, ssh: commands then take ``docker exec``)."""
+    params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+    raw = api.attach_socket(container_id, params=params)
     inner = getattr(raw, "_sock", raw)
     try:
         if not isinstance(inner, socket.socket) or type(inner) is not socket.socket:
@@ -300,3 +289,12 @@ def _attach(api: Any, exec_id: str) -> socket.socket | None:
             raw._response.close()
     ours.setblocking(False)
     return ours
+
+
+async def channel_over(sock: socket.socket, name: str) -> ExecChannel:
+    """The channel on an attached socket: the prelude sent, ready for requests."""
+    reader, writer = await asyncio.open_connection(sock=sock)
+    channel = ExecChannel(reader, writer, name)
+    writer.write(PRELUDE.encode())
+    await writer.drain()
+    return channel

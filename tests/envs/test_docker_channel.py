@@ -31,7 +31,7 @@ def docker_config() -> DockerEnvConfig:
 
 
 def exec_ids(env) -> list[str]:
-    """The execs the engine ran in the container (the channel is one; per-call execs add one each)."""
+    """The execs the engine ran in the container (per-call execs add one each; the channel none)."""
     client = docker_engine.get_client(env.config)
     return client.api.inspect_container(env.container_id).get("ExecIDs") or []
 
@@ -49,7 +49,6 @@ class TestPerExecConformance(EnvironmentConformance):
 async def test_commands_and_files_go_through_one_exec(docker_config, image):
     async with make_docker_env(docker_config, image=image, env={"QUOTED": 'it\'s "$HOME" `x`'}) as env:
         assert env._channel is not None and env._channel.usable
-        before = len(exec_ids(env))
         hostile = 'printf \'%s|\' "$QUOTED" "a\'b"; echo\nexit 3'
         result = await env.exec(hostile, 30, 1000)
         assert (result.exit_code, result.stdout) == (3, "it's \"$HOME\" `x`|a'b|\n")
@@ -65,7 +64,7 @@ async def test_commands_and_files_go_through_one_exec(docker_config, image):
             await env.read_file("sub")
         with pytest.raises(IsADirectoryError):
             await env.write_file("sub", b"x")
-        assert len(exec_ids(env)) == before  # none of the above started a docker exec
+        assert exec_ids(env) == []  # none of the above started a docker exec
 
 
 async def test_concurrent_calls_get_their_own_replies(docker_config):
@@ -108,15 +107,30 @@ async def test_a_background_child_does_not_hold_the_reply_nor_outlive_close(dock
     assert not container_exists(docker_engine.get_client(env.config), env.container_name)
 
 
-async def test_a_command_that_kills_the_channel_ends_in_env_lost_and_later_calls_fall_back(docker_config):
-    async with make_docker_env(docker_config) as env:
+async def test_a_command_that_kills_the_channel_ends_the_container_as_killing_the_keepalive_did(
+    docker_config,
+):
+    env = make_docker_env(docker_config)
+    async with env:
         with pytest.raises(SessionFailure) as failure:
-            # $PPID is the request's subshell; the channel's sh is its parent
+            # $PPID is the request's subshell; the channel's sh, the container's own process, its parent
             await env.exec("kill -9 $(cut -d' ' -f4 /proc/$PPID/stat) $PPID; sleep 5", 30, 100)
         assert failure.value.kind == "env_lost"
         assert not env._channel.usable
-        after = await env.exec("echo still here", 30, 100)  # docker exec, as without the channel
-        assert (after.exit_code, after.stdout) == (0, "still here\n")
+        with pytest.raises(SessionFailure) as later:
+            await env.exec("echo still here", 30, 100)
+        assert later.value.kind == "env_lost"
+    assert not container_exists(docker_engine.get_client(env.config), env.container_name)
+
+
+async def test_the_channel_is_the_containers_own_process_and_logs_nothing(docker_config):
+    async with make_docker_env(docker_config) as env:
+        await env.exec("echo a line that must not reach the engine's logs", 30, 100)
+        client = docker_engine.get_client(env.config)
+        info = client.api.inspect_container(env.container_id)
+        assert info["Config"]["Cmd"] == ["sh"] and info["Config"]["OpenStdin"]
+        assert info["HostConfig"]["LogConfig"]["Type"] == "none"
+        assert exec_ids(env) == []  # no docker exec at all, the channel included
 
 
 async def test_cancelling_mid_command_kills_it_and_close_leaves_nothing(docker_config):
