@@ -164,7 +164,7 @@ def run(ctx: Context) -> list[Row]:
         ),
     ]
     with Sim(SimConfig()) as sim:
-        # --quick: the "before" run at 16 only (the whole scenario stays near 2 minutes)
+        # --quick: the "before" run at 16 only
         for concurrency, sessions in ((16, 32), (64, 64)):
             rows += _pair(ctx, sim, concurrency, sessions, before=concurrency == 16 or not ctx.quick)
     return rows
