@@ -40,14 +40,7 @@ from typing import Any
 from raygen.envs.base import Environment, EnvSpec, ExecResult, image_names
 from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.configs import DockerEnvConfig
-from raygen.envs.docker_channel import (
-    CHANNEL_COMMAND,
-    MAX_CHANNEL_WRITE,
-    ExecChannel,
-    attach_stdin,
-    channel_over,
-    channel_usable_env,
-)
+from raygen.envs.docker_channel import CHANNEL_COMMAND, attach_stdin, channel_over
 from raygen.envs.docker_engine import (
     build_missing_images,
     container_options,
@@ -59,6 +52,7 @@ from raygen.envs.docker_engine import (
 )
 from raygen.envs.docker_pool import adopt_warm
 from raygen.envs.docker_stream import close_stream, drain_exec_stream, open_exec_stream, read_exec_output
+from raygen.envs.exec_channel import MAX_CHANNEL_WRITE, ExecChannel, channel_usable_env
 from raygen.envs.fleet import SandboxRefused
 from raygen.envs.labels import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
 from raygen.envs.processes import (
