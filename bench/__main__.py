@@ -11,6 +11,8 @@ Scenarios (``--only`` takes these names, or ``governor`` for the first two):
               runner; where raygen's start-up goes (imports, Ray start, actors)
   scale       2,000 concurrent sessions at 30 s model latency: % of ideal, peak memory
   sandboxes   start / exec / stop latency per environment backend; Docker sessions/s at 16 and 64
+  fleet       Docker at fleet scale, side by side: raygen vs the thinnest Docker runner at 16 and 64 in
+              flight, median exec (channel vs docker exec), median sandbox wait with a warm pool
   verify      what a hidden check adds per session (wall s, CPU s): fresh and same mode, local and Docker
   mcp         MCP tool servers: added cost per call vs terminal, a per-session server's start on local and
               Docker, sessions/s at 64 in flight with and without a server per session (no Ray)
@@ -47,6 +49,7 @@ ORDER = [
     "startup",
     "scale",
     "sandboxes",
+    "fleet",
     "verify",
     "mcp",
     "proxy",
@@ -57,6 +60,7 @@ ORDER = [
 def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
     from bench import (
         convlen,
+        docker_fleet,
         durability,
         governor,
         mcp,
@@ -76,6 +80,7 @@ def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
         "startup": startup.run,
         "scale": scale.run,
         "sandboxes": sandboxes.run,
+        "fleet": docker_fleet.run,
         "verify": verify_cost.run,
         "mcp": mcp.run,
         "proxy": proxy.run,

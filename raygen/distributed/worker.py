@@ -26,6 +26,7 @@ from raygen.distributed.control_link import ControlLink
 from raygen.distributed.governor import gate_for
 from raygen.distributed.metrics import MeteredGate, WorkerMetrics
 from raygen.distributed.plan import WorkerPlan
+from raygen.distributed.sandbox_governor import sandbox_gate_for, sandbox_key
 from raygen.envs.processes import use_pidfd_child_watcher
 from raygen.input.rows import Sample
 from raygen.model import create_model
@@ -81,6 +82,8 @@ class SessionWorker:
                 reserve_completion_tokens=reserve_completion_tokens(cfg.budget, cfg.sampling),
             ),
             agent=cfg.agent,
+            sandbox_gate=sandbox_gate_for(cfg.env),
+            sandbox_key=sandbox_key(cfg.env, self.node),
         )
         self.slots = asyncio.Semaphore(cfg.ray.sessions_per_worker)
         self.pid = os.getpid()

@@ -52,6 +52,7 @@ def run_services(
     from raygen.distributed.cluster import RAY_DATA_ACTOR_NOTE, ensure_ray, shutdown_ray
     from raygen.distributed.governor import get_or_create_governor
     from raygen.distributed.monitor import GovernorMonitor
+    from raygen.distributed.sandbox_governor import get_or_create_sandbox_governor
 
     with ExitStack() as stack:
         reap(config, reporter)  # containers a killed earlier attempt of this run left behind
@@ -65,6 +66,10 @@ def run_services(
         monitor = GovernorMonitor(
             get_or_create_governor(config.governor, base_url, config.model.model, secrets.api_key)
         )
+        # Likewise the sandbox governor, when the backend's fleet has limits (docker, modal, singularity).
+        fleet = getattr(config.env, "fleet", None)
+        if fleet is not None:
+            get_or_create_sandbox_governor(fleet)
         plan = WorkerPlan(
             config=config,
             run_name=str(config.output.run_name),

@@ -20,6 +20,7 @@ from typing import Any
 from raygen.agents import create_harness
 from raygen.config import SessionConfig
 from raygen.envs import EnvSpec, create_environment, environment_class
+from raygen.envs.fleet import OpenSandboxGate, SandboxGate, SandboxRefused
 from raygen.errors import SessionFailure
 from raygen.formats.limits import cut_reply, reply_chars
 from raygen.formats.prompting import request_messages
@@ -74,6 +75,8 @@ class SessionRunner:
         mcp: McpSettings | None = None,
         cost: CostPolicy | None = None,
         agent: Any = None,  # an AgentConfig (raygen.agents.configs); None: raygen's own loop
+        sandbox_gate: SandboxGate | None = None,
+        sandbox_key: str = "",
     ):
         self.model = model
         self.mcp = mcp or McpSettings()
@@ -82,6 +85,12 @@ class SessionRunner:
         self.cost = cost or CostPolicy(ModelPricing.resolve(model.name))
         self.harness = create_harness(agent)
         """The harness run as each session (``agent:`` config); None: raygen's own loop."""
+        self.sandbox_gate: SandboxGate = sandbox_gate or OpenSandboxGate()
+        """Asked before each sandbox is created (the cluster-wide sandbox governor, raygen.envs.fleet)."""
+        self.sandbox_key = sandbox_key or str(getattr(env_config, "type", ""))
+        # A governed fleet is waited for before the first model call, so a slow fleet never leaves a
+        # paid conversation waiting for its sandbox; an open one starts at the first tool call.
+        self.sandbox_first = not isinstance(self.sandbox_gate, OpenSandboxGate)
         self.on_sandbox = on_sandbox
         """Told +1 when a session's environment starts and -1 when it closes (metrics)."""
         self.verify_default = verify_default
@@ -189,6 +198,8 @@ class _SessionState:
                 mcp=self.mcp,
             )
             self._stack = stack
+            if self.runner.sandbox_first and self.offered and self.runner.harness is None:
+                await self._ensure_env(ctx)
             if self.mcp is not None:
                 stack.push_async_callback(self.mcp.close)  # again after the environment: closed before it
                 await self._start_row_servers(ctx)
@@ -216,9 +227,24 @@ class _SessionState:
         if ctx.env is not None:
             return
         t = time.monotonic()
-        ctx.env = await self._stack.enter_async_context(
-            create_environment(self.runner.env_config, self._env_spec())
-        )
+        gate = self.runner.sandbox_gate
+        permit = await gate.acquire(self.runner.sandbox_key)
+        made = False
+
+        def gone() -> None:  # runs after the environment's own close (the stack unwinds in reverse)
+            if made:
+                gate.closed(permit)
+
+        self._stack.callback(gone)
+        try:
+            ctx.env = await self._stack.enter_async_context(
+                create_environment(self.runner.env_config, self._env_spec())
+            )
+        except BaseException as exc:
+            gate.started(permit, ok=False, refused=isinstance(exc, SandboxRefused))
+            raise
+        made = True
+        gate.started(permit, ok=True)
         if self.runner.on_sandbox is not None:
             self.runner.on_sandbox(+1)
             self._stack.callback(self.runner.on_sandbox, -1)
