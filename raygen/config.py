@@ -23,6 +23,7 @@ from raygen.agents.configs import (  # noqa: F401 (re-exported)
     MiniSweAgentConfig,
 )
 from raygen.config_section import Section as _Section
+from raygen.envs import environment_class
 from raygen.envs.configs import (  # noqa: F401 (re-exported: one place to import configuration from)
     DockerEnvConfig,
     EnvConfig,
@@ -50,10 +51,6 @@ from raygen.tools.mcp_config import McpServerConfig, unwrap_servers
 MAX_SAMPLES_PER_PROMPT = 1000
 """``--samples-per-prompt`` beyond this is refused: groups for best-of-K and RL are far smaller, and a
 typo of 100,000,000 made a dry run sit silent while it made the keys (issue 28)."""
-
-HARNESS_BACKENDS = ("local", "docker")
-"""Environment backends that bind a host folder into the sandbox (``Environment.supports_binds``; a test
-keeps the two in step): where an agent harness can reach raygen's model proxy."""
 
 
 class SessionConfig(_Section):
@@ -427,11 +424,12 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _harness_reaches_its_proxy(self) -> RunConfig:
-        if self.agent.type != "builtin" and self.env.type not in HARNESS_BACKENDS:
+        # The backend says whether it can bind a host folder into its sandbox (where the proxy's socket is).
+        if self.agent.type != "builtin" and not environment_class(self.env.type).supports_binds:
             raise ValueError(
                 f"agent.type {self.agent.type} runs the harness inside the session's environment, which "
-                f"must show it raygen's model proxy: env.type {' or '.join(HARNESS_BACKENDS)}, "
-                f"not {self.env.type}"
+                f"must show it raygen's model proxy through a bound folder: env.type {self.env.type} "
+                "cannot (Environment.supports_binds; local and docker can)"
             )
         return self
 
