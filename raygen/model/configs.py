@@ -40,6 +40,10 @@ class SimConfig(_Section):
     rate_limit_burst: float | None = None
     """Burst capacity of the rate limit's token bucket (requests); unset: one second's worth of the rate,
     at least 1."""
+    rate_limit_headers: bool = True
+    """Send OpenAI-style ``x-ratelimit-*`` headers with every answer. Off: like many self-hosted gateways
+    and OpenAI-compatible hosts, the limit shows only as a 429 with ``Retry-After`` (and
+    ``retry-after-ms``), which is all the governor needs to learn it."""
     error_rate: float = 0.0
     """Share of requests answered with a 5xx error."""
     hallucinate_rate: float = 0.0
