@@ -21,6 +21,8 @@ class Permit:
     charged_tokens: float
     estimated_tokens: int = 0
     """The caller's own estimate, before the learned correction."""
+    granted_at: float = 0.0
+    """Loop time the permit was handed out (the request went out right after)."""
     released: bool = False
 
 

@@ -153,7 +153,7 @@ class GovernorClient:
         now = loop.time()
         refused = status == 429 or asked > 0
         if refused:
-            self._pending.report.refusals.append((asked, status == 429))
+            self._pending.report.refusals.append((asked, status == 429, now - permit.granted_at))
             self._refusals.add(Refusal(now, asked, status == 429))
             local_pause = self._refusals.pause_s(now, self._max_pause_s)
             if local_pause > 0:
@@ -234,7 +234,7 @@ class GovernorClient:
         self.stats["wait_s"] += waited
         self._pending.report.wait_s += waited
         self._pending.report.in_flight = self._in_flight
-        waiter.future.set_result(Permit(lease.epoch, lease.tokens_per_request, waiter.raw_tokens))
+        waiter.future.set_result(Permit(lease.epoch, lease.tokens_per_request, waiter.raw_tokens, now))
 
     def _want(self, now: float) -> tuple[int, float]:
         """Slots to ask for: every caller not covered by local slots and, when the slots are (nearly) gone,

@@ -33,7 +33,7 @@ from raygen.distributed.rate_meters import (
     most_grantable,
     wait_hint,
 )
-from raygen.distributed.refusals import Refusal, RefusalEvidence
+from raygen.distributed.refusals import Refusal, RefusalEvidence, allowed_again_at
 
 MIN_RPM = learning.MIN_RPM
 _HOLDER_TIMEOUT_S = 60.0
@@ -79,7 +79,7 @@ class GovernorPolicy:
         """The rate the provider let through when its last 429s came (None before any)."""
         self._confirmed = 0  # cuts in a row that measured about the same limit as the one before
         self._first_grant: float | None = None
-        self._settling: tuple[float, float] | None = None  # (first cut at, the pause its 429s asked)
+        self._settling: float | None = None  # after the first cut: when the provider allows again
         self._pacing_since = -math.inf  # when the current target was set by a cut
         self._start_step(now)
         self._admitted = RateWindow()
@@ -216,7 +216,7 @@ class GovernorPolicy:
             if bucket is not None:
                 bucket.refill(now)
         if self._settling is not None and now >= self.paused_until:
-            self._start_pacing(now, *self._settling)
+            self._start_pacing(now, self._settling)
         if self.adaptive and now - self._step_start >= learning.increase_interval_s(
             self.target_rpm, self.config
         ):
@@ -262,7 +262,7 @@ class GovernorPolicy:
     def _weigh_refusals(self, now: float, report: UsageReport) -> None:
         """Count the report's refusals as evidence; cut and pause only on what the evidence justifies."""
         fresh = report.rate_limited_epoch >= self.epoch  # 429s on slots granted since the last cut
-        for pause_s, rate_limited in report.refusals:
+        for pause_s, rate_limited, _ in report.refusals:
             self.refusals.add(Refusal(now, pause_s, rate_limited and fresh))
         if report.rate_limited:
             self.totals["rate_limited"] += report.rate_limited
@@ -271,13 +271,14 @@ class GovernorPolicy:
             stale = not fresh and self._last_cut > -math.inf
             self._passed.add(now, -report.rate_limited, at=self._last_cut - 1e-6 if stale else None)
             if fresh and self.refusals.justifies_cut(now):
-                asked = min(self.refusals.median_pause_s(now), self.config.max_pause_s)
-                self._cut(now, asked)
+                # Dated by when the refused requests went out, not by when the report came: a loaded
+                # worker's report lags, which read as a lower limit.
+                self._cut(now, allowed_again_at(now, report.refusals, self.config.max_pause_s))
         pause_s = self.refusals.pause_s(now, self.config.max_pause_s)
         if pause_s > 0:
             self._pause(now, pause_s)
 
-    def _cut(self, now: float, pause_s: float) -> None:
+    def _cut(self, now: float, allowed_at: float) -> None:
         """Set the target to the rate the provider let through, once per window: answers still arriving
         for requests sent at the old rate say nothing about the new one."""
         if now - self._last_cut < self.config.cut_window_s:
@@ -294,14 +295,13 @@ class GovernorPolicy:
         if self._requests is None or self.target_rpm is None:
             # The first cut of an unpaced run: everything sent so far is still being answered. Hold
             # everyone until those answers are in, then measure (``_start_pacing``).
-            self._settling = (now, pause_s)
-            self._pause(now, max(learning.SETTLE_S, pause_s))
+            self._settling = allowed_at
+            self._pause(now, max(learning.SETTLE_S, allowed_at - now))
             return
-        measured = self._measured_rpm(now, now, pause_s, since=previous_cut)
-        target, measured = learning.cut_target(
-            measured, self.target_rpm, self.measured_limit_rpm, self.config
-        )
-        self._confirmed = self._confirmed + 1 if learning.same_limit(measured, self.measured_limit_rpm) else 0
+        last = self.measured_limit_rpm
+        measured = self._measured_rpm(now, allowed_at, since=previous_cut)
+        target, measured = learning.cut_target(measured, self.target_rpm, last, self.config)
+        self._confirmed = self._confirmed + 1 if learning.same_limit(measured, last) else 0
         self.measured_limit_rpm = measured
         self._set_target_rpm(target, now)
 
@@ -310,10 +310,10 @@ class GovernorPolicy:
         self._last_cut = now
         self.totals["cuts"] += 1
 
-    def _start_pacing(self, now: float, limited_at: float, pause_s: float) -> None:
+    def _start_pacing(self, now: float, allowed_at: float) -> None:
         """End of the settling after the first cut: pace from now on at the measured rate, no burst."""
         self._settling = None
-        measured = self.measured_limit_rpm = self._measured_rpm(now, limited_at, pause_s)
+        measured = self.measured_limit_rpm = self._measured_rpm(now, allowed_at)
         target = min(measured * self.config.headroom, self.ceiling_rpm or math.inf)
         self._requests = self._make_bucket(target, now)
         if self._requests is not None:
@@ -322,14 +322,14 @@ class GovernorPolicy:
         self._set_target_rpm(target, now)
         self._start_step(now)
 
-    def _measured_rpm(self, now: float, limited_at: float, pause_s: float, since: float = -math.inf) -> float:
-        """What passed over the last ``RATE_WINDOW_S`` until the 429s at ``limited_at`` (from the first
-        grant or ``since``, the start of the current pacing, if later), per minute of that span plus the
-        provider's Retry-After. Measuring from the last cut keeps a token bucket's stored burst, spent
-        before it, out of the figure."""
-        start = max(self._first_grant if self._first_grant is not None else limited_at, since)
-        start = max(start, now - RATE_WINDOW_S)
-        return learning.measured_rpm(self._passed.total(now, since=start), limited_at - start, pause_s)
+    def _measured_rpm(self, now: float, allowed_at: float, since: float = -math.inf) -> float:
+        """What passed over the last ``RATE_WINDOW_S`` (from the first grant or ``since``, the start of the
+        current pacing, if later), per minute of the span until the provider allows again
+        (``allowed_at``): a provider that let N through and then asks to wait allows about N per that
+        span, whichever way it counts. Measuring from the last cut keeps a token bucket's stored burst,
+        spent before it, out of the figure."""
+        start = max(self._first_grant if self._first_grant is not None else now, since, now - RATE_WINDOW_S)
+        return learning.measured_rpm(self._passed.total(now, since=start), allowed_at - start, 0.0)
 
     def _maybe_increase(self, now: float) -> None:
         """Grow the target after a clean interval in which the target, not demand, was the bottleneck."""

@@ -48,10 +48,11 @@ class UsageReport:
     """Highest lease epoch among the 429'd requests (-1: none)."""
     errors: int = 0
     """5xx, timeouts and connection errors (counted, never cut the rate)."""
-    refusals: list[tuple[float, bool]] = field(default_factory=list)
-    """One ``(pause asked in seconds, was a 429)`` per answer that refused or asked to wait (Retry-After
-    or rate-limit reset headers; 0.0 if it named no time): evidence, never a verdict
-    (raygen.distributed.refusals)."""
+    refusals: list[tuple[float, bool, float]] = field(default_factory=list)
+    """One ``(pause asked in seconds, was a 429, seconds since the request was sent)`` per answer that
+    refused or asked to wait (Retry-After or rate-limit reset headers; 0.0 if it named no time): evidence,
+    never a verdict (raygen.distributed.refusals). The age dates the refusal at the provider, which is
+    what measuring its limit needs: the report comes later, by as much as a loaded worker is slow."""
     wait_s: float = 0.0
     """Time callers spent waiting in acquire()."""
     in_flight: int | None = None

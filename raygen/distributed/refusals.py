@@ -70,7 +70,17 @@ class RefusalEvidence:
         """Whether the latest 429 is not alone: ``CUT_AFTER`` 429s within ``CUT_WINDOW_S``."""
         return len(self._within(now, CUT_WINDOW_S, rate_limited=True)) >= CUT_AFTER
 
-    def median_pause_s(self, now: float, window_s: float = CUT_WINDOW_S) -> float:
-        """The median pause asked by the 429s of the last ``window_s`` seconds (0.0 if none asked)."""
-        asked = sorted(r.pause_s for r in self._within(now, window_s, rate_limited=True) if r.pause_s > 0)
-        return asked[(len(asked) - 1) // 2] if asked else 0.0
+
+def allowed_again_at(now: float, refusals: list[tuple[float, bool, float]], cap_s: float) -> float:
+    """When the provider will take requests again, by the 429s of one report (``(pause asked, was a 429,
+    seconds since sent)``): each says "sent at ``now - age``, wait ``pause``". A request's answer comes
+    after it was sent, so each such moment is early by how long the request sat in the worker before
+    going out: the latest is the best, among those within a second of the median (one absurd Retry-After
+    never sets it). ``now`` if none was a 429."""
+    moments = sorted(
+        now - max(0.0, age) + min(pause, cap_s) for pause, rate_limited, age in refusals if rate_limited
+    )
+    if not moments:
+        return now
+    median = moments[(len(moments) - 1) // 2]
+    return max(m for m in moments if m <= median + 1.0)

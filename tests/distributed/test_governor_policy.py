@@ -34,7 +34,7 @@ def make(clock: FakeClock | None = None, **config) -> tuple[GovernorPolicy, Fake
 def limited(epoch: int, pause_s: float = 0.0, count: int = 1) -> UsageReport:
     """``count`` 429s asking ``pause_s`` each (one is evidence of nothing; raygen.distributed.refusals)."""
     return UsageReport(
-        completed=count, rate_limited=count, rate_limited_epoch=epoch, refusals=[(pause_s, True)] * count
+        completed=count, rate_limited=count, rate_limited_epoch=epoch, refusals=[(pause_s, True, 0.0)] * count
     )
 
 
@@ -298,7 +298,7 @@ def test_no_adaptive_and_no_limit_governs_nothing():
 
 def test_pause_is_capped_by_max_pause_s():
     lim, _ = make(rpm=600, max_pause_s=10)
-    lim.report("a", UsageReport(refusals=[(3600.0, False)] * 3))
+    lim.report("a", UsageReport(refusals=[(3600.0, False, 0.0)] * 3))
     assert lim.lease("a", 1).pause_s == pytest.approx(10)
 
 
