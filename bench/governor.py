@@ -12,8 +12,8 @@ Figures, from the simulator's own request log:
   the per-minute limit spread evenly (a job shorter than a 60-s window fits in one window's allowance);
 - 429 share = requests answered 429 / all requests;
 - peak = the highest 5-second average of passed requests / limit;
-- settled (headers-off rows) = the same two figures counted from the first request that passed after the
-  first 429, i.e. once that 429 was answered and its pause served (issue 24's target).
+- settled (headers-off rows) = the same two figures counted from the first request that passed once the
+  first 429's Retry-After had passed, i.e. once that 429 was answered and its pause served (issue 24).
 """
 
 from __future__ import annotations
@@ -124,11 +124,13 @@ def run_case(
 
 
 def _settled(requests: list[dict[str, Any]], per_s: float, tokens: bool) -> dict[str, Any]:
-    """Utilization and 429 share from the first request that passed after the first 429 on."""
-    first_429 = min((r["ts"] for r in requests if r["status"] == 429), default=None)
-    if first_429 is None:
+    """Utilization and 429 share from the first request that passed once the first 429's Retry-After had
+    passed (a sliding window filled by the first burst lets nothing through until then)."""
+    first = min((r for r in requests if r["status"] == 429), key=lambda r: r["ts"], default=None)
+    if first is None:
         return {"settled_utilization": None, "settled_share_429": None}
-    resumed = min((r["ts"] for r in requests if r["status"] == 200 and r["ts"] > first_429), default=None)
+    first_429, served = first["ts"], first["ts"] + (first.get("decision") or {}).get("retry_after_s", 0.0)
+    resumed = min((r["ts"] for r in requests if r["status"] == 200 and r["ts"] >= served), default=None)
     after = [r for r in requests if resumed is not None and r["ts"] >= resumed]
     passed = [r for r in after if r["status"] == 200]
     if len(passed) < 2:

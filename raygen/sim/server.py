@@ -246,7 +246,7 @@ class SimServer:
             if wait_s > 0:
                 headers["Retry-After"] = str(max(1, math.ceil(wait_s)))
                 headers["retry-after-ms"] = str(math.ceil(wait_s * 1000))
-                self._record(429, body, None, [])
+                self._record(429, body, {"retry_after_s": round(wait_s, 3)}, [])
                 return _error(
                     429, "Rate limit reached (simulated)", "requests", "rate_limit_exceeded", headers
                 )
