@@ -53,7 +53,10 @@ class SessionConfig(_Section):
     max_command_timeout_s: float = Field(600.0, gt=0)
     """Upper bound on the timeout a model may ask for in a terminal call."""
     session_timeout_s: float = Field(3600.0, gt=0)
-    """Hard wall-clock limit of one session; past it the session fails with ``session_timeout``."""
+    """Hard wall-clock limit of one session; past it the session fails with ``session_timeout``. Time the
+    session waits for the rate governor (paced behind a limit, or paused after refusals) is not counted;
+    model calls (``model.timeout_s`` each), the waits between their retries (``model.retry_max_wait_s``
+    each), tools, the environment and the grading are."""
     max_reply_chars: int = Field(8_000_000, ge=1000)
     """Longest model reply (content, reasoning and tool-call arguments together, in characters); a longer
     one ends the session with ``error:reply_too_large`` (final) and is stored cut to its head."""

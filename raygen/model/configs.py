@@ -85,11 +85,14 @@ class ChatAPIModelConfig(_Section):
     model: str = "raygen-sim"
     """Model name sent with each request."""
     timeout_s: float = 600.0
-    """Timeout of one model request, in seconds."""
+    """Timeout of one model request (one HTTP attempt: send, wait, read, parse), in seconds. The wait for
+    the rate governor before it is not part of it."""
     max_retries: int = 8
     """Retries of one request on 429, 5xx, timeouts and connection errors before the session fails."""
     retry_max_wait_s: float = 120.0
-    """Longest wait between two retries (Retry-After from the provider is honoured up to this)."""
+    """Longest wait between two retries (Retry-After from the provider is honoured up to this). Also the
+    longest the rate governor pauses the cluster (``governor.max_pause_s`` is capped at it): one answer
+    never holds anyone else longer than its own request may wait."""
     max_connections: int | None = Field(None, ge=1)
     """Most HTTP connections to the endpoint per session actor; a request beyond them waits for a free one.
     Unset: ``ray.sessions_per_worker`` (a session has at most one model request in flight)."""
