@@ -140,6 +140,7 @@ def _settled(requests: list[dict[str, Any]], per_s: float, tokens: bool) -> dict
     return {
         "settled_utilization": done / span,
         "settled_share_429": sum(r["status"] == 429 for r in after) / len(after),
+        "settled_counts": (sum(r["status"] == 429 for r in after), len(after)),
         "settled_from_s": resumed - first_429,
     }
 
@@ -151,6 +152,7 @@ def _cell_rows(scenario: str, fig: dict[str, Any], mode: str, *, fits_window: bo
         whole = f"whole job {pct(fig['utilization'])}, {pct(fig['share_429'])} 429s; "
         fig = {**fig, "utilization": fig["settled_utilization"], "share_429": fig["settled_share_429"]}
         fig["note_prefix"] = whole + f"from {fig['settled_from_s']:.1f} s after the first 429: "
+        fig["limited"], fig["requests"] = fig["settled_counts"]
     gov = fig.get("governor") or {}
     note = fig.get("note_prefix", "") + (
         f"{fig['span_s']:.1f} s for {fig['ideal_s']:.1f} s of the limit, {fig['sessions']} sessions "
