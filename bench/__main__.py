@@ -6,6 +6,7 @@ Scenarios (``--only`` takes these names, or ``governor`` for the first two):
   limits3     the same on a 3-node local Ray cluster (the budget must stay global)
   limits-off  only the rows of ``limits`` with the simulator's rate-limit headers off (429 + Retry-After)
   throughput  sessions/s and CPU per session: raygen vs one asyncio process vs a process pool
+  cpu         the same, raygen and the asyncio runner only, one round: CPU per session both ways of counting
   convlen     CPU per model call against conversation length (2-50 turns, 1 and 20 kB tool outputs):
               raygen's own work vs encoding the request, no Ray
   startup     time from launching ``raygen run`` (the CLI) to its first model request, vs the asyncio
@@ -36,11 +37,13 @@ from pathlib import Path
 from bench.common import Context, Row
 
 GROUPS = {"governor": ["limits", "limits3"]}
+PARTS = ("limits-off", "cpu")
 ORDER = [
     "limits",
     "limits-off",
     "limits3",
     "throughput",
+    "cpu",
     "convlen",
     "startup",
     "scale",
@@ -58,6 +61,7 @@ def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
         "limits3": governor.limits_cluster,
         "limits-off": governor.limits_headers_off,
         "throughput": throughput.run,
+        "cpu": throughput.cpu,
         "convlen": convlen.run,
         "startup": startup.run,
         "scale": scale.run,
@@ -76,8 +80,8 @@ def _log(msg: str) -> None:
 
 
 def _selected(only: str | None) -> list[str]:
-    if not only:
-        return list(ORDER)
+    if not only:  # the parts-only scenarios are inside limits and throughput
+        return [n for n in ORDER if n not in PARTS]
     names: list[str] = []
     for part in only.split(","):
         part = part.strip()

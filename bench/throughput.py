@@ -95,13 +95,20 @@ def _sizes(ctx: Context) -> tuple[int, int, int]:
     return (200, 3, 1) if ctx.quick else (1500, 8, 2)
 
 
-def run(ctx: Context) -> list[Row]:
-    sessions, per_process, rounds = _sizes(ctx)
+def cpu(ctx: Context) -> list[Row]:
+    """raygen and the asyncio runner only, one round of the full size: the CPU ratio both ways of
+    counting, in about a minute (no process pool)."""
+    return run(ctx, runners=("raygen", "asyncio"), rounds=1)
+
+
+def run(ctx: Context, runners: tuple[str, ...] = ("raygen", "asyncio", "pool"), rounds: int = 0) -> list[Row]:
+    sessions, per_process, full_rounds = _sizes(ctx)
+    rounds = rounds or full_rounds
     data = ctx.dir("throughput")
     runs: dict[str, list[Figures]] = {"raygen": [], "asyncio": [], "pool": []}
     pool_size = 0
     with Sim(SimConfig(latency_s=LATENCY_S)) as sim:
-        order = ["raygen", "asyncio", "pool"]
+        order = list(runners)
         for round_no in range(rounds):
             for runner in order if round_no % 2 == 0 else order[::-1]:
                 tag = f"{runner}-{round_no + 1}"
