@@ -69,7 +69,10 @@ class SessionConfig(_Section):
     max_command_timeout_s: float = Field(600.0, gt=0)
     """Upper bound on the timeout a model may ask for in a terminal call."""
     session_timeout_s: float = Field(3600.0, gt=0)
-    """Hard wall-clock limit of one session; past it the session fails with ``session_timeout``."""
+    """Hard wall-clock limit of one session; past it the session fails with ``session_timeout``. Time the
+    session waits for the rate governor (paced behind a limit, or paused after refusals) is not counted;
+    model calls (``model.timeout_s`` each), the waits between their retries (``model.retry_max_wait_s``
+    each), tools, the environment and the grading are."""
     max_reply_chars: int = Field(8_000_000, ge=1000)
     """Longest model reply (content, reasoning and tool-call arguments together, in characters); a longer
     one ends the session with ``error:reply_too_large`` (final) and is stored cut to its head."""
@@ -288,13 +291,22 @@ class GovernorConfig(_Section):
     lease_ttl_s: float = Field(2.0, gt=0)
     """Leased slots unused after this many seconds go back, so idle workers strand no capacity."""
     max_pause_s: float = Field(120.0, gt=0)
-    """Longest cluster-wide pause honoured from a 429's Retry-After or ``x-ratelimit-reset-*`` header."""
+    """Longest pause of the cluster (or of one worker) when several answers in a row asked to wait (3
+    within 2 s; their median Retry-After or rate-limit reset). Never above ``model.retry_max_wait_s``: one
+    answer alone only delays its own request's retry."""
 
     @model_validator(mode="after")
     def _initial_within_ceiling(self) -> GovernorConfig:
         if self.rpm is None and self.initial_rpm is not None and self.initial_rpm > self.max_rpm:
             raise ValueError("initial_rpm must not exceed max_rpm")
         return self
+
+    def bounded(self, retry_max_wait_s: float | None) -> GovernorConfig:
+        """This section with ``max_pause_s`` no longer than the model's ``retry_max_wait_s``: the cluster is
+        never held longer than the user lets one request wait."""
+        if retry_max_wait_s is None or retry_max_wait_s >= self.max_pause_s:
+            return self
+        return self.model_copy(update={"max_pause_s": max(retry_max_wait_s, 1e-3)})
 
     def resolved_adaptive(self) -> bool:
         """Whether the governor learns the limit from 429s: ``adaptive``; unset: when ``rpm`` is unset."""

@@ -46,8 +46,9 @@ class SessionWorker:
         self.node = ray.get_runtime_context().get_node_id()
         api_key = plan.api_key.get_secret_value()
         self.metrics = WorkerMetrics(plan.run_name)
+        governor = cfg.governor.bounded(getattr(cfg.model, "retry_max_wait_s", None))
         # One gate per process, leasing capacity from the cluster-wide governor the driver created.
-        gate = MeteredGate(gate_for(cfg.governor, plan.base_url, cfg.model.model, api_key), self.metrics)
+        gate = MeteredGate(gate_for(governor, plan.base_url, cfg.model.model, api_key), self.metrics)
         self.model = create_model(
             plan.model_config(),
             sampling=cfg.sampling,

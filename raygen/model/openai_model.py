@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -45,6 +47,7 @@ class _Transient(Exception):
 
 
 def _retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """The provider's ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date), in seconds."""
     if headers is None:
         return None
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
@@ -53,7 +56,10 @@ def _retry_after(headers: Mapping[str, str] | None) -> float | None:
             try:
                 return max(0.0, float(value) * scale)
             except ValueError:
-                continue  # an HTTP-date Retry-After: fall back to our own backoff
+                try:  # an HTTP date
+                    return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+                except (TypeError, ValueError):
+                    continue  # unreadable: our own backoff
     return None
 
 

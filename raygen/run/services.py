@@ -63,8 +63,9 @@ def run_services(
                 stack.callback(shutdown_ray)
         reporter.note(RAY_DATA_ACTOR_NOTE)
         # Created by the driver so it lives exactly as long as the run (named: workers find it).
+        governor = config.governor.bounded(getattr(config.model, "retry_max_wait_s", None))
         monitor = GovernorMonitor(
-            get_or_create_governor(config.governor, base_url, config.model.model, secrets.api_key)
+            get_or_create_governor(governor, base_url, config.model.model, secrets.api_key)
         )
         # Likewise the sandbox governor, when the backend's fleet has limits (docker, modal, singularity).
         fleet = getattr(config.env, "fleet", None)

@@ -43,6 +43,7 @@ from raygen.formats.text import cap_text
 from raygen.input.rows import Sample
 from raygen.input.verify_spec import VerifySpec
 from raygen.model.base import SAMPLE_INDEX, ChatModel
+from raygen.model.gate_hold import session_deadline
 from raygen.model.pricing import CostPolicy, ModelPricing, SessionSpend
 from raygen.safety import label_tool_call
 from raygen.session.capture import TurnCapture
@@ -126,7 +127,7 @@ class SessionRunner:
         # A sample of a group asks the model for its own seed (raygen.model.base.request_seed).
         index = SAMPLE_INDEX.set(sample.sample_index if sample.group_id is not None else None)
         try:
-            async with asyncio.timeout(self.cfg.session_timeout_s):
+            async with session_deadline(self.cfg.session_timeout_s):
                 await state.run()
         except SessionFailure as failure:
             state.fail(failure.exit_status, str(failure))

@@ -246,11 +246,11 @@ class SimServer:
                 reply = respond(body, self.cfg)
                 tokens = reply.prompt_tokens + reply.completion_tokens
             wait_s = self._limits.try_admit(tokens)
-            headers = self._limits.headers()
+            headers = self._limits.headers() if self.cfg.rate_limit_headers else {}
             if wait_s > 0:
                 headers["Retry-After"] = str(max(1, math.ceil(wait_s)))
                 headers["retry-after-ms"] = str(math.ceil(wait_s * 1000))
-                self._record(429, body, None, [])
+                self._record(429, body, {"retry_after_s": round(wait_s, 3)}, [])
                 return _error(
                     429, "Rate limit reached (simulated)", "requests", "rate_limit_exceeded", headers
                 )
