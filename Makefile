@@ -24,9 +24,10 @@ demo: setup
 # Debian packages the tests use: bubblewrap (local sandbox), Docker engine and image tools.
 system-deps:
 	@command -v bwrap >/dev/null && command -v dockerd >/dev/null && command -v debootstrap >/dev/null && \
-	  command -v chromium >/dev/null && command -v slurmctld >/dev/null && command -v munged >/dev/null || \
+	  command -v chromium >/dev/null && command -v slurmctld >/dev/null && command -v munged >/dev/null && \
+	  command -v npm >/dev/null || \
 	  (apt-get update -q && apt-get install -y -q --no-install-recommends bubblewrap docker.io containerd runc \
-	     busybox-static debootstrap iproute2 util-linux chromium slurm-wlm munge >/dev/null)
+	     busybox-static debootstrap iproute2 util-linux chromium slurm-wlm munge nodejs npm >/dev/null)
 
 # A private Docker engine, the locally built test images (no registry is reachable here) and the
 # apptainer "HPC node" fixture (.ci/apptainer-setup.sh), and the agent harnesses the tests run as
