@@ -20,7 +20,10 @@ from pathlib import Path
 
 import pytest
 from cli_runs import read_jsonl, run_with_config
-from conftest import AGENT_TASKS
+
+AGENT_TASKS = (
+    Path(__file__).resolve().parent / "data" / "agent-tasks.jsonl"
+)  # (tests/conftest.py: the vendored copy)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

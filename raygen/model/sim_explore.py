@@ -60,9 +60,13 @@ def example_arguments(schema: Any) -> dict[str, Any]:
     return {name: example_value(name, properties.get(name)) for name in schema.get("required") or ()}
 
 
+# Only in a folder that is no git work tree yet: a session that runs where a repository already is (a
+# harness started in a checkout, a misconfigured workdir) must never write or commit into it. (Once it did:
+# a test's session ran in this project's checkout and committed "# sim" over its README.)
 GIT_SETUP = (
-    "git init -q . && git config user.email sim@raygen.invalid && git config user.name sim"
-    " && echo '# sim' > README.md && git add README.md && git commit -q -m init && echo more >> README.md; "
+    "if ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then git init -q . && "
+    "git config user.email sim@raygen.invalid && git config user.name sim && echo '# sim' > README.md && "
+    "git add README.md && git commit -q -m init && echo more >> README.md; fi; "
 )
 
 

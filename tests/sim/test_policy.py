@@ -348,3 +348,25 @@ def test_offered_tools_beyond_the_built_in_ones_are_explored_once_with_schema_ar
     explored = [args for name, args in seen if name == "time__convert_time"]
     assert explored == [{"source_timezone": "Europe/Berlin", "time": "12:00", "mode": "fast", "count": 3}]
     assert reply.finish_reason == "stop"
+
+
+def test_the_git_setup_never_touches_an_existing_repository(tmp_path):
+    """The probe's git set-up (for an offered git server) makes a repository only where none is: a
+    session that runs inside a checkout must not write or commit into it."""
+    import subprocess
+
+    from raygen.model.sim_explore import GIT_SETUP
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    subprocess.run(["bash", "-c", GIT_SETUP], cwd=fresh, check=True, capture_output=True)
+    assert (fresh / "README.md").read_text() == "# sim\nmore\n"
+    checkout = tmp_path / "checkout"
+    (checkout / "sub").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    (checkout / "README.md").write_text("the project's own\n")
+    for where in (checkout, checkout / "sub"):
+        subprocess.run(["bash", "-c", GIT_SETUP], cwd=where, check=True, capture_output=True)
+    assert (checkout / "README.md").read_text() == "the project's own\n"
+    assert not (checkout / "sub" / "README.md").exists()
+    assert "sim" not in (checkout / ".git" / "config").read_text()
