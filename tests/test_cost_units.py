@@ -273,7 +273,7 @@ def test_pilot_projection_with_an_interval():
     lines = pilot_lines(per_session, remaining=100, slots=10)
     assert "$0.010000 per session" in lines[0] and "$1.0000" in lines[1]
     half = 1.96 * 0.002 / 2 * 100
-    assert f"${1 - half:.4f}-${1 + half:.4f}" in lines[1] and "about 20 s" in lines[1]
+    assert f"${1 - half:.4f}-${1 + half:.4f}" in lines[1] and "about 20.0 s" in lines[1]
 
 
 def test_forecast_first_call_and_ceiling():
