@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from raygen.eval.cost import cost_section
 from raygen.eval.html import esc, section, table
 from raygen.eval.profile import RunProfile
 from raygen.eval.rewards import rewards_section
@@ -55,6 +56,7 @@ _NAV = (
     ("reasoning", "Reasoning"),
     ("failures", "Rejections & failures"),
     ("rewards", "Rewards"),
+    ("cost", "Cost"),
     ("viewer", "Trajectories"),
 )
 
@@ -179,6 +181,7 @@ def build_report(
         + reasoning_section(stats)
         + failures_section(stats)
         + rewards_section(stats)
+        + cost_section(stats)
         + _viewer_section(entries, sampler, seed, sample_size)
         + "</main>"
     )
