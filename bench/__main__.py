@@ -12,6 +12,10 @@ Scenarios (``--only`` takes these names, or ``governor`` for the first two):
   scale       2,000 concurrent sessions at 30 s model latency: % of ideal, peak memory
   sandboxes   start / exec / stop latency per environment backend; Docker sessions/s at 16 and 64
   verify      what a hidden check adds per session (wall s, CPU s): fresh and same mode, local and Docker
+  mcp         MCP tool servers: added cost per call vs terminal, a per-session server's start on local and
+              Docker, sessions/s at 64 in flight with and without a server per session (no Ray)
+  proxy       the agent harnesses' model proxy: its CPU per call and the latency it and the in-sandbox
+              forwarder add, short and 1-MB requests, streaming and not (docs/agents.md)
   durability  SIGKILL of an actor and of the driver's process group at random moments, with stragglers,
               then --resume: sessions re-sent / sessions in flight at the kill, from the simulator's log
 Raw figures go to WORK/results.json. Run it in a loopback-only namespace (``make bench``).
@@ -44,12 +48,25 @@ ORDER = [
     "scale",
     "sandboxes",
     "verify",
+    "mcp",
+    "proxy",
     "durability",
 ]
 
 
 def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
-    from bench import convlen, durability, governor, sandboxes, scale, startup, throughput, verify_cost
+    from bench import (
+        convlen,
+        durability,
+        governor,
+        mcp,
+        proxy,
+        sandboxes,
+        scale,
+        startup,
+        throughput,
+        verify_cost,
+    )
 
     return {
         "limits": governor.limits,
@@ -60,6 +77,8 @@ def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
         "scale": scale.run,
         "sandboxes": sandboxes.run,
         "verify": verify_cost.run,
+        "mcp": mcp.run,
+        "proxy": proxy.run,
         "durability": durability.run,
     }
 

@@ -14,6 +14,14 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from raygen.agents.configs import (  # noqa: F401 (re-exported)
+    AgentConfig,
+    BuiltinAgentConfig,
+    ClaudeCodeAgentConfig,
+    CommandAgentConfig,
+    HermesAgentConfig,
+    MiniSweAgentConfig,
+)
 from raygen.config_section import Section as _Section
 from raygen.envs.configs import (  # noqa: F401 (re-exported: one place to import configuration from)
     DockerEnvConfig,
@@ -37,6 +45,15 @@ from raygen.model.configs import (  # noqa: F401 (re-exported)
     SimConfig,
     SimModelConfig,
 )
+from raygen.tools.mcp_config import McpServerConfig, unwrap_servers
+
+MAX_SAMPLES_PER_PROMPT = 1000
+"""``--samples-per-prompt`` beyond this is refused: groups for best-of-K and RL are far smaller, and a
+typo of 100,000,000 made a dry run sit silent while it made the keys (issue 28)."""
+
+HARNESS_BACKENDS = ("local", "docker")
+"""Environment backends that bind a host folder into the sandbox (``Environment.supports_binds``; a test
+keeps the two in step): where an agent harness can reach raygen's model proxy."""
 
 
 class SessionConfig(_Section):
@@ -100,6 +117,37 @@ class ToolsConfig(_Section):
     """Toolset distribution: a built-in name (``raygen distributions``) or a YAML file path."""
     plugins: list[str] = Field(default_factory=list)
     """Extra toolsets as Python import paths ``package.module:attribute`` (a Toolset or a list of them)."""
+    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+    """MCP tool servers by name, as in the ``mcpServers`` object MCP clients share (``{"mcpServers":
+    {...}}`` is accepted too): each is a toolset named after it, offered to every session unless the
+    distribution or the row's ``toolsets`` name it (docs/tools.md)."""
+    mcp_config: list[str] = Field(default_factory=list)
+    """Files holding ``{"mcpServers": {...}}`` (``--mcp-config FILE``, repeatable), added to
+    ``mcp_servers``."""
+    mcp_tool_name_format: str = "{server}__{tool}"
+    """How an MCP tool is named to the model (``{server}``, ``{tool}``); characters other than letters,
+    digits, ``_`` and ``-`` become ``_``."""
+    mcp_call_timeout_s: float = Field(60.0, gt=0)
+    """Seconds one MCP tool call may take; past it the model gets a ``timeout`` tool failure (and a server
+    that then does not answer a ping ends the session with ``mcp_server_lost``)."""
+    mcp_start_timeout_s: float = Field(60.0, gt=0)
+    """Seconds a server may take to start and answer ``initialize`` and ``tools/list``."""
+
+    @field_validator("mcp_servers", mode="before")
+    @classmethod
+    def _unwrap_mcp_servers(cls, v: Any) -> Any:
+        return unwrap_servers(v, "tools.mcp_servers") if v else v
+
+    @field_validator("mcp_tool_name_format")
+    @classmethod
+    def _names_tool(cls, v: str) -> str:
+        if "{tool}" not in v:
+            raise ValueError("must contain {tool}")
+        try:
+            v.format(server="s", tool="t")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"only {{server}} and {{tool}} may be used: {exc}") from None
+        return v
 
 
 class FilterConfig(_Section):
@@ -336,10 +384,11 @@ class RunConfig(_Section):
     """Take only the first N valid rows."""
     seed: int = 0
     """Run seed: with the prompt's key it seeds the toolset draw."""
-    samples_per_prompt: int = Field(1, ge=1)
+    samples_per_prompt: int = Field(1, ge=1, le=MAX_SAMPLES_PER_PROMPT)
     """Independent sessions per row (``--samples-per-prompt``): a group sharing ``group_id``, each sample
     with its own key and ``sample_index`` and its own request seed (``sampling.seed``, default 0, plus the
-    index). A resume runs exactly the samples a group is missing."""
+    index). A resume runs exactly the samples a group is missing. At most 1000
+    (``MAX_SAMPLES_PER_PROMPT``)."""
     model: ModelConfig = Field(default_factory=SimModelConfig)
     """Model backend."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -373,6 +422,18 @@ class RunConfig(_Section):
     they win over the built-in table (``raygen.model.pricing``), a provider-reported cost wins over both."""
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     """Run and session spending limits (``--max-cost``, ``--max-tokens``, ``--max-session-cost``)."""
+    agent: AgentConfig = Field(default_factory=BuiltinAgentConfig)
+    """The agent of each session: raygen's own loop, or a harness run as a command (docs/agents.md)."""
+
+    @model_validator(mode="after")
+    def _harness_reaches_its_proxy(self) -> RunConfig:
+        if self.agent.type != "builtin" and self.env.type not in HARNESS_BACKENDS:
+            raise ValueError(
+                f"agent.type {self.agent.type} runs the harness inside the session's environment, which "
+                f"must show it raygen's model proxy: env.type {' or '.join(HARNESS_BACKENDS)}, "
+                f"not {self.env.type}"
+            )
+        return self
 
 
 def fingerprint(obj: Any) -> str:

@@ -26,7 +26,7 @@ class ConsoleReporter(RunReporter):
         for line in report.summary_lines():
             self.console.print(line, highlight=False, markup=False)
         for notice in report.notices:
-            self.warning(notice)
+            self.warning(str(notice))
 
     def hygiene_checked(self, report: HygieneReport, *, refused: bool) -> None:
         from raygen.cli.hygiene import print_hygiene
@@ -42,7 +42,8 @@ class ConsoleReporter(RunReporter):
 
     def warning(self, text: str) -> None:
         self.console.print("[yellow]warning[/]: ", end="", highlight=False)
-        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+        # str(): rich renders any other object as its repr (a Notice showed as ``Notice(path=...)``).
+        self.console.print(str(text), highlight=False, markup=False, soft_wrap=True)
 
     def progress(self, total: int) -> RunProgress:
         return RunProgress(total, self.console)

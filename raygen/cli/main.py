@@ -15,10 +15,13 @@ from rich.table import Table
 from rich.text import Text
 
 from raygen.cli import eval as eval_commands
+from raygen.cli import export as export_commands
 from raygen.cli import hygiene as hygiene_commands
 from raygen.cli import verify as verify_commands
 from raygen.cli.console import ConsoleReporter, print_counts, print_run_summary
 from raygen.cli.options import (
+    AgentCommand,
+    AgentType,
     BestOf,
     ConfigSources,
     DatasetArg,
@@ -96,6 +99,13 @@ def run(
         Opt(help="Toolset distribution name or YAML file \\[default]."),
         Sets("tools.distribution"),
     ] = None,
+    mcp_config: Annotated[
+        list[str] | None,
+        Opt(
+            "--mcp-config", help='MCP servers: a JSON file {"mcpServers": {...}} (repeatable; docs/tools.md).'
+        ),
+        Sets("tools.mcp_config"),
+    ] = None,
     env: Annotated[
         str | None,
         Opt("--env", help="Environment backend: local, docker, modal, singularity \\[local]."),
@@ -160,6 +170,8 @@ def run(
     max_tokens: MaxTokens = None,
     max_session_cost: MaxSessionCost = None,
     pilot: Pilot = None,
+    agent: AgentType = None,
+    agent_command: AgentCommand = None,
     resume: Annotated[bool, Opt(help="Continue the run folder: only pending samples run.")] = False,
     force: Annotated[bool, Opt(help="Resume even if the generation config changed.")] = False,
     dry_run: Annotated[bool, Opt(help="Validate and plan; print the resolved config; run nothing.")] = False,
@@ -367,8 +379,9 @@ def sim_serve(
     asyncio.run(serve_forever(cfg, lambda url: err.print(f"simulator listening on {url}")))
 
 
-# The commands that live in their own module of this package (report/sample/compare, hygiene, rescore).
-for _commands in (eval_commands, hygiene_commands, verify_commands):
+# The commands that live in their own module of this package (report/sample/compare, hygiene, rescore,
+# export).
+for _commands in (eval_commands, hygiene_commands, verify_commands, export_commands):
     _commands.register(app)
 
 

@@ -177,3 +177,18 @@ ToolsetPlugins = Annotated[list[str] | None, Opt("--toolset-plugin", help="Extra
 # str, not Path: a run folder may be an object-store URI (Path would fold s3://b into s3:/b).
 RunDirArg = Annotated[str, typer.Argument(help="A run folder: a path, or s3://... / gs://...")]
 DatasetArg = Annotated[Path, typer.Argument(help="Prompts JSONL.")]
+
+# The session's agent (docs/agents.md): raygen's own loop, a preset harness, or any command.
+AgentType = Annotated[
+    str | None,
+    Opt(
+        "--agent",
+        help="Each session's agent: builtin, hermes, mini-swe-agent, claude-code, command \\[builtin].",
+    ),
+    Sets("agent.type"),
+]
+AgentCommand = Annotated[
+    str | None,
+    Opt("--agent-command", help="Run this shell command as each session's agent ({prompt}, {workdir}, ...)."),
+    Sets("agent.command"),
+]

@@ -145,8 +145,10 @@ class BudgetLedger:
 
     def settle(self, ticket: int | None, usd: float, tokens: int) -> None:
         """The call of ``ticket`` cost ``usd`` and ``tokens`` (an unknown or None ticket still counts)."""
-        reserved_usd, reserved_tokens, _ = self.reserved.pop(ticket, None) or (usd, tokens, 0.0)
-        if (session := self._ticket_session.pop(ticket, None)) in self.open:
+        held = self.reserved.pop(ticket, None) if ticket is not None else None
+        reserved_usd, reserved_tokens, _ = held or (usd, tokens, 0.0)
+        session = self._ticket_session.pop(ticket, None) if ticket is not None else None
+        if session is not None and session in self.open:
             self.open[session][0] += usd
             self.open[session][1] += tokens
         self.spent_usd += usd

@@ -15,9 +15,11 @@ import dataclasses
 import gc
 import json
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
+from ray.actor import ActorHandle
 
 from raygen.distributed.budget_client import BudgetClient
 from raygen.distributed.control_link import ControlLink
@@ -31,11 +33,13 @@ from raygen.model.pricing import CostPolicy, ModelPricing, reserve_completion_to
 from raygen.output.shards import jsonl_safe
 from raygen.output.summary import summarize
 from raygen.session.agent import SessionRunner
+from raygen.tools.mcp_session import McpSettings
+from raygen.tools.mcp_tools import mcp_toolset
 from raygen.tools.registry import load_registry
 
 
 class SessionWorker:
-    def __init__(self, plan: WorkerPlan, control: Any):
+    def __init__(self, plan: WorkerPlan, control: ActorHandle):
         self.control = ControlLink(control)
         cfg = plan.config
         self.node = ray.get_runtime_context().get_node_id()
@@ -55,9 +59,13 @@ class SessionWorker:
         secrets = [s.get_secret_value() for s in plan.secret_values]
         if api_key:
             secrets.append(api_key)
+        registry = load_registry(cfg.tools.plugins)
+        for listing in plan.mcp_servers:
+            registry.add(mcp_toolset(listing), origin=f"MCP server {listing.name}")
         self.runner = SessionRunner(
             model=self.model,
-            registry=load_registry(cfg.tools.plugins),
+            registry=registry,
+            mcp=McpSettings.of(cfg.tools, plan.mcp_servers, plan.mcp_env),
             env_config=cfg.env,
             session=cfg.session,
             run_name=plan.run_name,
@@ -72,6 +80,7 @@ class SessionWorker:
                 session_cap_usd=cfg.budget.max_session_cost_usd,
                 reserve_completion_tokens=reserve_completion_tokens(cfg.budget, cfg.sampling),
             ),
+            agent=cfg.agent,
         )
         self.slots = asyncio.Semaphore(cfg.ray.sessions_per_worker)
         self.pid = os.getpid()
@@ -116,7 +125,7 @@ class SessionWorker:
             self.slots.release()
         return True
 
-    async def __call__(self, batch: dict[str, Any]):
+    async def __call__(self, batch: dict[str, Any]) -> AsyncIterator[dict[str, list[int]]]:
         use_pidfd_child_watcher()  # this loop starts every command of this actor's sessions
         handed_over: list[asyncio.Future[None]] = []
         ran = await asyncio.gather(*(self._one(str(t), handed_over) for t in batch["text"]))

@@ -39,8 +39,11 @@ from typing import Any
 from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation, image_names
 from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.configs import DockerEnvConfig
+from raygen.envs.docker_attach import DockerProcess
 from raygen.envs.docker_engine import (
+    bind_mount,
     build_missing_images,
+    container_gone,
     ensure_images,
     get_client_async,
     import_docker,
@@ -64,8 +67,6 @@ KEEPALIVE_COMMAND = ["sleep", "2147483647"]
 """PID 1's child: sleeps ~68 years; busybox's ``sleep`` has no ``infinity``."""
 _MAX_SYMLINK_HOPS = 16
 _GO_MODE_DIR = 1 << 31  # Docker reports Go's os.FileMode in the archive stat header
-
-
 # Prepare a write: create the parent; exit 2 if the target is a directory.
 _PREPARE_WRITE_SCRIPT = 'mkdir -p -- "$1" || exit 1; [ -d "$2" ] && exit 2; exit 0'
 
@@ -93,11 +94,12 @@ def _close_stream(stream: Any) -> None:
         stream.close()
 
 
-class DockerEnvironment(Environment):
+class DockerEnvironment(Environment[DockerEnvConfig]):
     """One session's container (see the module docstring for the guarantees and how timeouts kill)."""
 
     backend = "docker"
     confined = True
+    supports_binds = True
     own_root_filesystem = True
 
     @classmethod
@@ -172,8 +174,8 @@ class DockerEnvironment(Environment):
             options["mem_limit"] = config.memory
         if config.pids_limit is not None:
             options["pids_limit"] = config.pids_limit
-        if config.mounts:
-            options["mounts"] = [_bind_mount(docker, mount) for mount in config.mounts]
+        if mounts := [*config.mounts, *(f"{path}:{path}" for path in self.spec.binds)]:
+            options["mounts"] = [bind_mount(docker, mount) for mount in mounts]
         try:
             # create + start, never ``run``: run would pull a missing image behind the pull policy's back.
             container = self._client.containers.create(image, KEEPALIVE_COMMAND, **options)
@@ -314,6 +316,9 @@ class DockerEnvironment(Environment):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def open_process(self, argv: list[str], env: dict[str, str], cwd: str | None) -> DockerProcess:
+        return await DockerProcess.start(self, argv, {**self._env, **env}, self._absolute(cwd or "."))
+
     # --- files ------------------------------------------------------------------------------------------
 
     def _absolute(self, path: str) -> str:
@@ -335,7 +340,7 @@ class DockerEnvironment(Environment):
         try:
             stream, stat = self._client.api.get_archive(container_id, target)
         except errors.NotFound as exc:
-            if _container_gone(exc):
+            if container_gone(exc):
                 raise self._lost(exc) from exc
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", shown_path) from exc
         except errors.APIError as exc:  # e.g. a path the engine cannot read: the tool's problem
@@ -387,19 +392,8 @@ class DockerEnvironment(Environment):
                 self.config, self._client.api.put_archive, container_id, parent, archive.getvalue()
             )
         except errors.APIError as exc:  # e.g. a read-only mount: the tool's problem
-            if _container_gone(exc):
+            if container_gone(exc):
                 raise self._lost(exc) from exc
             raise OSError(errno.EIO, f"cannot write: {exc.explanation or exc}", path) from exc
         except (errors.DockerException, OSError) as exc:
             raise self._lost(exc) from exc
-
-
-def _container_gone(exc: Any) -> bool:
-    # 404 means either "no such container" or "no such path in it"; 409 means "container not running".
-    text = str(getattr(exc, "explanation", None) or exc).lower()
-    return "no such container" in text or "is not running" in text
-
-
-def _bind_mount(docker: Any, spec: str) -> Any:
-    source, target, *mode = spec.split(":")
-    return docker.types.Mount(target=target, source=source, type="bind", read_only=mode == ["ro"])

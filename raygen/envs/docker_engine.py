@@ -242,3 +242,14 @@ def forget_images() -> None:
     """Drop the per-process image results (tests; or after images changed on the engine)."""
     _image_results.clear()
     _image_locks.clear()
+
+
+def container_gone(exc: Any) -> bool:
+    # 404 means either "no such container" or "no such path in it"; 409 means "container not running".
+    text = str(getattr(exc, "explanation", None) or exc).lower()
+    return "no such container" in text or "is not running" in text
+
+
+def bind_mount(docker: Any, spec: str) -> Any:
+    source, target, *mode = spec.split(":")
+    return docker.types.Mount(target=target, source=source, type="bind", read_only=mode == ["ro"])

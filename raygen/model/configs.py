@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from raygen.config_section import Section as _Section
+from raygen.config_section import refuse_non_finite
 
 
 class PriceConfig(_Section):
@@ -88,6 +89,10 @@ class SimConfig(_Section):
     reported_price: PriceConfig | None = None
     """Report each answer's cost in ``usage.cost`` (USD) at this price, as OpenRouter does, e.g.
     ``{input: 0.1, output: 0.3}``; unset: no cost field (docs/cost.md)."""
+    tokenizer: str | None = None
+    """A Hugging Face tokenizer (local folder, or a name in the local cache) whose chat template renders
+    the token ids the simulator returns when asked (``sampling.return_token_ids``, ``logprobs``), as vLLM
+    serving that model would; needs ``raygen[export]``. Unset: stand-in ids (raygen/sim/tokens.py)."""
 
 
 class ChatAPIModelConfig(_Section):
@@ -154,10 +159,25 @@ class SamplingConfig(_Section):
     """Sampling temperature; unset uses the provider's default."""
     seed: int | None = None
     """Sampling seed passed to the provider (where supported)."""
+    logprobs: bool = False
+    """Ask for the logprob of each reply token (``logprobs: true``); each turn of the record then carries
+    them (``turns[].logprobs``, about 20 bytes a token in the JSON)."""
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    """Also ask for this many most likely alternatives per reply token (``top_logprobs``; implies
+    ``logprobs``). Large: about 60 bytes per alternative and token."""
+    return_token_ids: bool = False
+    """Ask an endpoint that supports it (vLLM's ``return_token_ids``) for the prompt's and the reply's
+    token ids; kept per turn (the prompt's only from where it extends the previous turn), for token-in /
+    token-out training exports (docs/exports.md). Endpoints that ignore it leave the ids empty."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Provider-specific options merged into each request body, e.g. an OpenRouter route
     ``{provider: {order: [...], allow_fallbacks: false}}`` or ``{reasoning: {effort: high}}``.
     Recorded in the manifest."""
+
+    @field_validator("extra_body")
+    @classmethod
+    def _finite(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return refuse_non_finite(v)
 
 
 class BudgetConfig(_Section):

@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import openai
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+if TYPE_CHECKING:
+    import httpx  # the openai SDK's transport types
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from raygen.errors import SessionFailure
 from raygen.model.base import ChatModel, Completion, request_seed
@@ -21,6 +31,7 @@ from raygen.model.configs import ChatAPIModelConfig, SamplingConfig
 from raygen.model.gate import OpenGate, RateGate
 from raygen.model.provider_options import request_options
 from raygen.model.streaming import StreamStalled, assemble
+from raygen.model.token_capture import capture, request_fields
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +44,7 @@ class _Transient(Exception):
         self.kind, self.detail, self.retry_after = kind, detail, retry_after
 
 
-def _retry_after(headers: Any) -> float | None:
+def _retry_after(headers: Mapping[str, str] | None) -> float | None:
     if headers is None:
         return None
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
@@ -81,7 +92,7 @@ _UNSET_CONNECTIONS = 256
 """Connections when neither the config nor the caller sets them (a SessionWorker always does)."""
 
 
-def connection_limits(max_connections: int) -> Any:
+def connection_limits(max_connections: int) -> httpx.Limits:
     """The SDK's own ``Limits`` type (from httpx or its successor, whichever this openai release uses),
     every connection kept alive: a worker's sessions reuse them turn after turn."""
     limits_type = type(openai.DEFAULT_CONNECTION_LIMITS)
@@ -107,6 +118,8 @@ class OpenAIChatModel(ChatModel):
         self.config = config
         self.sampling = sampling
         self.gate = gate or OpenGate()
+        self.capture_fields = request_fields(sampling)
+        """Token ids and logprobs asked of each request (``sampling.logprobs``, ``return_token_ids``)."""
         # aiohttp transport: the default httpx pool walks every pooled connection on each request,
         # which dominates CPU at thousands of concurrent sessions (bench/README.md, findings).
         self.client = openai.AsyncOpenAI(
@@ -138,6 +151,7 @@ class OpenAIChatModel(ChatModel):
             payload["temperature"] = s.temperature
         if (seed := request_seed(s.seed)) is not None:
             payload["seed"] = seed
+        payload.update(self.capture_fields)
         payload.update(self.options)  # reasoning and routing, spelled for this provider
         if s.extra_body:
             payload.update(s.extra_body)  # provider options (OpenRouter routing, reasoning effort, ...)
@@ -181,8 +195,9 @@ class OpenAIChatModel(ChatModel):
     def _wait_after(self, attempt_number: int, exc: BaseException | None) -> float:
         """Seconds before the attempt after ``attempt_number`` (1-based) failed with ``exc``: jittered
         exponential backoff, or the provider's Retry-After if that is longer, capped."""
+        # tenacity's wait strategies read only ``attempt_number`` of the retry state.
         backoff = wait_random_exponential(multiplier=0.5, max=self.config.retry_max_wait_s)(
-            SimpleNamespace(attempt_number=attempt_number)
+            cast(RetryCallState, SimpleNamespace(attempt_number=attempt_number))
         )
         hint = getattr(exc, "retry_after", None)
         return min(self.config.retry_max_wait_s, max(backoff, hint or 0.0))
@@ -249,6 +264,7 @@ class OpenAIChatModel(ChatModel):
             reasoning_tokens=reasoning_tokens,
             cost_usd=cost_usd,
             extra=extra,
+            tokens=capture(response),
         )
 
     async def aclose(self) -> None:
@@ -264,8 +280,9 @@ def usage_details(usage: Any) -> tuple[int, int, float | None]:
     cached = (data.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     reasoning = (data.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
     cost = data.get("cost")
-    valid_cost = isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0
-    return int(cached), int(reasoning), float(cost) if valid_cost else None
+    if not isinstance(cost, int | float) or isinstance(cost, bool) or cost < 0:
+        cost = None
+    return int(cached), int(reasoning), None if cost is None else float(cost)
 
 
 def _classify_status(exc: openai.APIStatusError, retry_after: float | None) -> Exception:

@@ -2,9 +2,11 @@
 
 Pass 1 streams every shard record and keeps, per sample key, only the position and rank of its best
 record so far (no record bodies, no summaries). The FINAL attempt of a key is the record with the
-highest ``(not failed, attempt, shard order, line offset)``: a non-failed record beats any failed one,
-then the highest attempt wins, then the record from the later shard (``shards.list_shards``: newer
-modification time, then name) and the later line. Pass 2 re-reads each final record once by position,
+highest ``(not failed, attempt, rescored, shard order, line offset)``: a non-failed record beats any
+failed one, then the highest attempt wins, then the latest ``raygen rescore`` of it
+(``verification.rescored``, written in the record, so a copy of the run that lost its files' dates
+merges the same), then the record from the later shard (``shards.list_shards``: newer modification
+time, then name) and the later line. Pass 2 re-reads each final record once by position,
 summarizes it for the statistics and writes it out in ``(prompt_index, sample_key)`` order.
 
 Atomicity: the outputs are built in ``RUN_DIR/.merge-<token>/`` and each folder is then swapped in
@@ -64,9 +66,10 @@ _ROW_GROUP_BYTES = 64 << 20
 
 @dataclass(slots=True)
 class FinalRecord:
-    """The record that stands for a sample key: rank = (not failed, attempt, shard order, offset)."""
+    """The record that stands for a sample key: rank = (not failed, attempt, rescored, shard order,
+    offset)."""
 
-    rank: tuple[bool, int, int, int]
+    rank: tuple[bool, int, int, int, int]
     pos: ShardPos
     prompt_index: int
     outcome: str
@@ -124,7 +127,7 @@ def choose_finals(
             counts["stale"] += 1
             continue
         order = file_order.setdefault(pos.path, len(file_order))
-        rank = (not summary.failed, summary.attempt, order, pos.offset)
+        rank = (not summary.failed, summary.attempt, summary.rescored, order, pos.offset)
         current = finals.get(key)
         if current is not None:
             counts["attempts_superseded"] += 1

@@ -73,6 +73,8 @@ class SessionSummary:
     """The check's reward; None without a check or when it could not run."""
     passed: bool | None = None
     """Whether the check passed; None when the record has no (completed) check."""
+    rescored: int = 0
+    """``verification.rescored``: the regrade this record is (0: the session's own grading)."""
 
     @property
     def failed(self) -> bool:
@@ -153,6 +155,7 @@ def summarize(record: dict[str, Any] | Trajectory) -> SessionSummary:
         sample_index=_int(record.get("sample_index")),
         reward=None if record.get("reward") is None else float(record["reward"]),
         passed=_passed(record.get("reward"), _plain(record.get("verification"))),
+        rescored=_int((_plain(record.get("verification")) or {}).get("rescored")),
     )
 
 

@@ -80,6 +80,8 @@ def run_services(
             api_key=SecretStr(secrets.api_key),
             config_fingerprint=generation.fingerprint,
             secret_values=[SecretStr(v) for v in secrets.values],
+            mcp_servers=generation.mcp_servers,
+            mcp_env={name: SecretStr(value) for name, value in secrets.mcp_env.items()},
         )
         budget = None
         if config.budget.limits_anything():
