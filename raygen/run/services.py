@@ -39,6 +39,14 @@ class RunServices:
     def config(self) -> RunConfig:
         return self.plan.config
 
+    def budget_report(self) -> dict[str, Any] | None:
+        """The budget actor's spend, caps and overshoot figures (None without a budget)."""
+        if self.budget is None:
+            return None
+        from raygen.distributed.budget import budget_snapshot
+
+        return budget_snapshot(self.budget)
+
 
 @contextmanager
 def run_services(
