@@ -253,13 +253,14 @@ class GovernorConfig(_Section):
     1.0 paces exactly at the limit."""
     adaptive: bool | None = None
     """Learn the limit from 429s: unset (the default) means on when ``rpm`` is unset and off when it is set.
-    On and with no ``rpm``, nothing is throttled until the first 429 (a run that never gets one is never
-    slowed); that 429 sets the target to the rate the provider actually let through (requests that passed
-    over the last 10 s, divided by that span plus the provider's Retry-After), then the target grows
-    again after clean, busy traffic and each further 429 cuts it to the measured rate (AIMD). With ``rpm``
-    set and adaptive on, ``rpm`` is the start and the ceiling. Off: a 429 pauses the cluster for its
-    Retry-After and slows a known limit by 1.5% (down to 90%); with no limit either, nothing is governed
-    (``--adaptive/--no-adaptive``)."""
+    On and with no ``rpm``, nothing is throttled until the provider refuses (a run that never gets a 429
+    is never slowed); 429s that are evidence (a second within 10 s: a lone one only delays its own
+    request) set the target to the rate the provider actually let through (requests that passed over the
+    last 10 s, divided by the span until it takes requests again, by its Retry-After), then the target
+    grows again after clean, busy traffic and each further such cut sets it to the measured rate (AIMD).
+    With ``rpm`` set and adaptive on, ``rpm`` is the start and the ceiling. Off: 429s slow a known limit by
+    1.5% (down to 90%), on evidence as above, and pause the cluster only as ``max_pause_s`` says; with no
+    limit either, nothing is governed (``--adaptive/--no-adaptive``)."""
     initial_rpm: float | None = Field(None, gt=0)
     """Adaptive start rate when ``rpm`` is unset; from it the target doubles after each clean, busy
     interval until the first 429 (slow start). Unset: unthrottled until the first 429."""
