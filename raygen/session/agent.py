@@ -47,12 +47,12 @@ from raygen.model.gate_hold import session_deadline
 from raygen.model.pricing import CostPolicy, ModelPricing, SessionSpend
 from raygen.safety import label_tool_call
 from raygen.session.capture import TurnCapture
+from raygen.session.grading import verify_session
 from raygen.session.harness import run_harness
 from raygen.session.offer import OFFERS_KEPT, Offer
 from raygen.session.record import build_record
 from raygen.tools.base import ToolContext, ToolResult
 from raygen.tools.mcp_session import McpSettings
-from raygen.verify.grader import VerifyError, collect_artifacts, grade
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class _SessionState:
                 await run_harness(self, ctx)
             else:
                 await self._loop(ctx)
-            await self._verify(ctx)
+            await verify_session(self, ctx)
             t = time.monotonic()
         if ctx.env is not None:
             self.env_s += time.monotonic() - t
@@ -266,52 +266,6 @@ class _SessionState:
         self.offer = Offer.of(kept + added)
         self.tools, self.offered, self.schemas = self.offer.tools, self.offer.offered, self.offer.schemas
         self.tool_stats.update({tool.name: ToolStat() for tool in added})
-
-    async def _verify(self, ctx: ToolContext) -> None:
-        """Grade what the agent left behind with the row's check, if it has one (after the last turn,
-        while the agent's environment still exists: ``same`` mode runs in it, ``fresh`` copies from it)."""
-        spec = self.sample.row.verify or self.runner.verify_default
-        if spec is None:
-            return
-        self.artifacts, missing = await collect_artifacts(ctx.env, spec)
-        agent_env = ctx.env
-        if spec.resolved_mode == "fresh" and agent_env is not None:
-            # Its artifacts are read: the agent's sandbox goes before the grading one starts, so a
-            # session never holds two (stack.aclose is idempotent; the ``async with`` finds it empty).
-            await self._stack.aclose()
-            agent_env = None
-        for attempt in range(spec.retries + 1):
-            try:
-                graded = await grade(
-                    spec,
-                    agent_env=agent_env,
-                    open_fresh=self._grading_env,
-                    artifacts=self.artifacts,
-                    missing=missing,
-                    messages=self.messages,
-                    model=self.runner.model,
-                )
-                break
-            except VerifyError as exc:
-                if attempt < spec.retries:
-                    continue
-                self.verification = exc.verification
-                self.verification.session_status = self.exit_status
-                raise SessionFailure("verify_error", f"{exc} ({attempt + 1} run(s) of the check)") from None
-        self.reward, self.verification = graded.reward, graded.verification
-        self.verification.session_status = self.exit_status
-
-    @contextlib.asynccontextmanager
-    async def _grading_env(self):
-        """A fresh environment for the check, counted as a sandbox like the session's own."""
-        async with create_environment(self.runner.env_config, self._env_spec("-verify")) as env:
-            if self.runner.on_sandbox is not None:
-                self.runner.on_sandbox(+1)
-            try:
-                yield env
-            finally:
-                if self.runner.on_sandbox is not None:
-                    self.runner.on_sandbox(-1)
 
     async def _check_image(self) -> None:
         """Fail before any model call if the row's image cannot be had (checked once per image per
