@@ -21,7 +21,7 @@ import yaml
 
 from bench.procs import MARK_ENV, TreeSampler
 from raygen.config import SimConfig
-from raygen.sim.server import SimProcess, start_subprocess
+from raygen.sim.launch import SimProcess, start_subprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY_ENV = "RAYGEN_BENCH_KEY"

@@ -12,7 +12,8 @@ import pytest
 
 from raygen.config import SimConfig
 from raygen.model.sim_policy import plan_for
-from raygen.sim.server import SimServer, start_in_thread, start_subprocess
+from raygen.sim.launch import start_in_thread, start_subprocess
+from raygen.sim.server import SimServer
 
 FAKE_KEY = "sk-test-SECRET123"
 TOOLS = [
