@@ -254,27 +254,32 @@ class OpenAIChatModel(ChatModel):
             completion_tokens=completion_tokens,
             headers=dict(raw.headers),
         )
-        if not response.choices:
-            raise _Transient("provider_unavailable", "response had no choices")
-        choice = response.choices[0]
-        extra = {}
-        if getattr(response, "provider", None):  # OpenRouter names the upstream provider
-            extra["provider"] = response.provider
-        cached_tokens, reasoning_tokens, cost_usd = usage_details(usage)
-        return Completion(
-            message=choice.message.model_dump(exclude_none=True),
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            finish_reason=choice.finish_reason,
-            cached_tokens=cached_tokens,
-            reasoning_tokens=reasoning_tokens,
-            cost_usd=cost_usd,
-            extra=extra,
-            tokens=capture(response),
-        )
+        return _completion(response, prompt_tokens, completion_tokens)
 
     async def aclose(self) -> None:
         await self.client.close()
+
+
+def _completion(response: Any, prompt_tokens: int, completion_tokens: int) -> Completion:
+    """The ``Completion`` of a parsed chat completion that passed the gate."""
+    if not response.choices:
+        raise _Transient("provider_unavailable", "response had no choices")
+    choice = response.choices[0]
+    extra = {}
+    if getattr(response, "provider", None):  # OpenRouter names the upstream provider
+        extra["provider"] = response.provider
+    cached_tokens, reasoning_tokens, cost_usd = usage_details(response.usage)
+    return Completion(
+        message=choice.message.model_dump(exclude_none=True),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        finish_reason=choice.finish_reason,
+        cached_tokens=cached_tokens,
+        reasoning_tokens=reasoning_tokens,
+        cost_usd=cost_usd,
+        extra=extra,
+        tokens=capture(response),
+    )
 
 
 def usage_details(usage: Any) -> tuple[int, int, float | None]:
