@@ -172,7 +172,12 @@ def run(ctx: Context) -> list[Row]:
     local_start = asyncio.run(_start_cost(LocalEnvConfig(), LOCAL_SERVER, None, starts))
     figures["start_local_s"] = local_start
     rows.append(
-        Row("mcp", "local: server start s (median)", f"{local_start:.2f}", note="start+initialize+list")
+        Row(
+            "mcp",
+            "local: server start s (median)",
+            f"{local_start:.2f}",
+            note="process start, initialize, tools/list",
+        )
     )
     problem = _docker_problem()
     if problem is None:
@@ -180,7 +185,12 @@ def run(ctx: Context) -> list[Row]:
         docker_start = asyncio.run(_start_cost(docker, DOCKER_SERVER, DOCKER_IMAGE, starts))
         figures["start_docker_s"] = docker_start
         rows.append(
-            Row("mcp", "docker: server start s (median)", f"{docker_start:.2f}", note="attached exec")
+            Row(
+                "mcp",
+                "docker: server start s (median)",
+                f"{docker_start:.2f}",
+                note="an exec attached in a running container, initialize, tools/list",
+            )
         )
     else:
         rows.append(Row("mcp", "docker", "skipped", note=problem))
