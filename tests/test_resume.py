@@ -112,6 +112,7 @@ def test_taxonomy_matches_the_issue():
     # The issue names these infrastructure failures as retryable; model/task outcomes are not failures.
     infrastructure = {"provider_unavailable", "env_start", "worker_lost", "rate_limited", "env_lost"}
     infrastructure.add("provider_malformed")  # issue 15: a body that is not a completion is retried
+    infrastructure.add("mcp_server_lost")  # issue 22: an MCP server that died or hung mid-session
     assert infrastructure | {"verify_error"} == set(RETRYABLE)  # a check that could not run is retried
     assert set(FAILURE_KINDS) > RETRYABLE
     assert "provider_bad_request" not in RETRYABLE and "internal" not in RETRYABLE
