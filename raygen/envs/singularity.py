@@ -42,7 +42,6 @@ from contextlib import suppress
 from pathlib import Path
 
 from raygen.envs.base import Environment, EnvSpec, ExecResult
-from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.configs import SingularityEnvConfig
 from raygen.envs.fleet import SandboxRefused
 from raygen.envs.host import make_workdir, remove_tree
@@ -51,13 +50,14 @@ from raygen.envs.processes import (
     EXEC_ID_VAR,
     KILL_BY_EXEC_ID_SCRIPT,
     MAX_READ_BYTES,
-    TIMEOUT_EXIT_CODE,
     kill_group,
     read_regular_file,
     run_captured,
     write_file,
 )
 from raygen.envs.singularity_images import find_executable, prepare_sif_images, resolve_image
+from raygen.envs.singularity_process import exec_outcome, open_instance_process
+from raygen.envs.stdio_process import HostProcess
 from raygen.errors import SessionFailure
 from raygen.formats.scrub import looks_secret
 
@@ -280,7 +280,7 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
             raise SessionFailure(
                 "env_lost", f"instance {self.instance_name} is gone: {err.render()[0][-300:]}"
             )
-        return _result(returncode, out, err, timed_out, time.monotonic() - started)
+        return exec_outcome(returncode, out, err, timed_out, time.monotonic() - started)
 
     async def _kill_in_instance(self, exec_id: str) -> None:
         argv = self._exec_argv("/", "sh", "-c", KILL_BY_EXEC_ID_SCRIPT, "raygen-kill", exec_id)
@@ -288,6 +288,9 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
             await self._run_quiet(argv)
         except Exception as exc:  # the instance stop at close() still ends everything
             log.warning("could not kill command %s in %s: %s", exec_id, self.instance_name, exc)
+
+    async def open_process(self, argv: list[str], env: dict[str, str], cwd: str | None) -> HostProcess:
+        return await open_instance_process(self, argv, env, cwd)
 
     async def _instance_alive(self) -> bool:
         argv = [self._executable, "instance", "list", "--json", self.instance_name]
@@ -344,16 +347,6 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
             raise SessionFailure("env_lost", f"instance {self.instance_name} is gone")
         detail = err.decode("utf-8", "replace").strip()[-300:]
         raise OSError(errno.EIO, f"file transfer failed (exit {code}): {detail}", path)
-
-
-def _result(
-    returncode: int | None, out: OutputCapture, err: OutputCapture, timed_out: bool, duration: float
-) -> ExecResult:
-    if timed_out or returncode is None:
-        exit_code = TIMEOUT_EXIT_CODE
-    else:
-        exit_code = 128 - returncode if returncode < 0 else returncode
-    return exec_result(exit_code, out, err, timed_out, duration)
 
 
 def reap_instances(config: SingularityEnvConfig, run_name: str | None) -> int:
