@@ -44,9 +44,16 @@ from raygen.model.configs import (  # noqa: F401 (re-exported)
     SimModelConfig,
 )
 
-HARNESS_BACKENDS = ("local", "docker")
-"""Environment backends that bind a host folder into the sandbox (``Environment.supports_binds``; a test
-keeps the two in step): where an agent harness can reach raygen's model proxy."""
+
+def _binds_host_folders(backend: str) -> bool:
+    """Whether the backend shows a session a host folder (``Environment.supports_binds``), so that an agent
+    harness inside can reach raygen's model proxy; False when its extra is not installed."""
+    from raygen.envs import environment_class
+
+    try:
+        return environment_class(backend).supports_binds
+    except ImportError:
+        return False
 
 
 class SessionConfig(_Section):
@@ -383,11 +390,11 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _harness_reaches_its_proxy(self) -> RunConfig:
-        if self.agent.type != "builtin" and self.env.type not in HARNESS_BACKENDS:
+        if self.agent.type != "builtin" and not _binds_host_folders(self.env.type):
             raise ValueError(
                 f"agent.type {self.agent.type} runs the harness inside the session's environment, which "
-                f"must show it raygen's model proxy: env.type {' or '.join(HARNESS_BACKENDS)}, "
-                f"not {self.env.type}"
+                f"must show it raygen's model proxy (a bound host folder): env.type {self.env.type} cannot "
+                "(docs/agents.md#backends)"
             )
         return self
 
