@@ -18,6 +18,7 @@ from raygen.agents.configs import (  # noqa: F401 (re-exported)
     AgentConfig,
     BuiltinAgentConfig,
     ClaudeCodeAgentConfig,
+    CodexAgentConfig,
     CommandAgentConfig,
     HermesAgentConfig,
     MiniSweAgentConfig,

@@ -1,9 +1,10 @@
 """raygen's model proxy for agent harnesses: one aiohttp server per session actor process, on a unix socket.
 
-It speaks OpenAI Chat Completions (``POST /v1/chat/completions``, streaming and not) and Anthropic Messages
-(``POST /v1/messages``), and sends every call through the session's own ``ChatModel``: the cluster
-governor, retries of 429/5xx inside the call, token accounting and the hostile-provider protections all
-apply, and the harness sees a success or a final error (HTTP 400), never a retryable one.
+It speaks OpenAI Chat Completions (``POST /v1/chat/completions``), the OpenAI Responses API (``POST
+/v1/responses``) and Anthropic Messages (``POST /v1/messages``), each streaming and not, and sends every call
+through the session's own ``ChatModel``: the cluster governor, retries of 429/5xx inside the call, token
+accounting and the hostile-provider protections all apply, and the harness sees a success or a final
+error (HTTP 400), never a retryable one.
 
 Each session holds a seat: a random token that only this proxy accepts, and only while the session runs
 (the real API key never leaves the actor). A seat records every call (``RecordedCall``), refuses the call
@@ -28,7 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
-from raygen.agents import anthropic, wire
+from raygen.agents import anthropic, responses, wire
 from raygen.agents.base import RecordedCall
 from raygen.errors import SessionFailure
 from raygen.model.base import ChatModel, Completion
@@ -82,6 +83,7 @@ class ModelProxy:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/chat/completions", self._chat)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         app.router.add_get("/v1/models", self._models)
@@ -220,6 +222,24 @@ class ModelProxy:
             return web.json_response(anthropic.message_body(completion, name))
         response = await _event_stream(request)
         for event, data in anthropic.message_events(completion, name):
+            await response.write(wire.sse(data, event))
+        await response.write_eof()
+        return response
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        try:
+            seat, body = await self._read(request)
+            call = self._call(seat, "responses", body, responses.request_parts)
+            completion = await self._complete(seat, call)
+        except _Refused as refused:
+            return web.json_response(
+                responses.error_body(refused.message, refused.kind), status=refused.status
+            )
+        name = seat.model.name
+        if not call.stream:
+            return web.json_response(responses.response_body(completion, name))
+        response = await _event_stream(request)
+        for event, data in responses.response_events(completion, name):
             await response.write(wire.sse(data, event))
         await response.write_eof()
         return response
