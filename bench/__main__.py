@@ -14,6 +14,8 @@ Scenarios (``--only`` takes these names, or ``governor`` for the first two):
   verify      what a hidden check adds per session (wall s, CPU s): fresh and same mode, local and Docker
   proxy       the agent harnesses' model proxy: its CPU per call and the latency it and the in-sandbox
               forwarder add, short and 1-MB requests, streaming and not (docs/agents.md)
+  hermes      Hermes Agent run by raygen (--agent hermes) vs Hermes's own batch_runner.py, 16 sessions in
+              flight each on the same prompts and simulator: sessions/s and CPU per session
   durability  SIGKILL of an actor and of the driver's process group at random moments, with stragglers,
               then --resume: sessions re-sent / sessions in flight at the kill, from the simulator's log
 Raw figures go to WORK/results.json. Run it in a loopback-only namespace (``make bench``).
@@ -47,12 +49,24 @@ ORDER = [
     "sandboxes",
     "verify",
     "proxy",
+    "hermes",
     "durability",
 ]
 
 
 def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
-    from bench import convlen, durability, governor, proxy, sandboxes, scale, startup, throughput, verify_cost
+    from bench import (
+        convlen,
+        durability,
+        governor,
+        hermes_runs,
+        proxy,
+        sandboxes,
+        scale,
+        startup,
+        throughput,
+        verify_cost,
+    )
 
     return {
         "limits": governor.limits,
@@ -64,6 +78,7 @@ def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
         "sandboxes": sandboxes.run,
         "verify": verify_cost.run,
         "proxy": proxy.run,
+        "hermes": hermes_runs.run,
         "durability": durability.run,
     }
 

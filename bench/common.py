@@ -158,8 +158,10 @@ def run_measured(
     timeout_s: float,
     env: dict[str, str] | None = None,
     pss: bool = False,
+    cwd: Path = ROOT,
 ) -> Measured:
-    """Run ``cmd`` in its own session, sampling its process tree; on timeout kill the whole tree."""
+    """Run ``cmd`` in its own session (in ``cwd``), sampling its process tree; on timeout kill the whole
+    tree."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with log_path.open("w") as log:
@@ -170,7 +172,7 @@ def run_measured(
             stdin=subprocess.DEVNULL,
             env=env or child_env(),
             start_new_session=True,
-            cwd=ROOT,
+            cwd=cwd,
         )
         with TreeSampler(proc.pid, pss=pss) as sampler:
             try:
