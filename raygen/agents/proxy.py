@@ -18,6 +18,7 @@ import asyncio
 import contextvars
 import json
 import logging
+import os
 import secrets
 import shutil
 import tempfile
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 256 * 1024 * 1024
 """Largest request body taken (a long conversation with its tool schemas)."""
+_PREFIX = "raygen-agent-proxy-"
+"""The proxy's folder in the temp dir: ``raygen-agent-proxy-<pid>-XXXX``."""
 _ENDED_KEPT = 4096
 """Tokens of closed seats remembered, so a late call is told apart from a stranger's."""
 
@@ -72,7 +75,10 @@ class ModelProxy:
 
     def __init__(self, directory: str | Path | None = None):
         self._own_directory = directory is None
-        self.directory = Path(directory or tempfile.mkdtemp(prefix="raygen-agent-proxy-"))
+        if directory is None:
+            remove_orphans()
+            directory = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
+        self.directory = Path(directory)
         self.socket_path = self.directory / "proxy.sock"
         self._seats: dict[str, ProxySeat] = {}
         self._ended: OrderedDict[str, ProxySeat] = OrderedDict()
@@ -260,6 +266,27 @@ class ModelProxy:
             return web.json_response(wire.chat_error(refused.message, refused.kind), status=refused.status)
         model = {"id": seat.model.name, "object": "model", "created": 0, "owned_by": "raygen"}
         return web.json_response({"object": "list", "data": [model]})
+
+
+def remove_orphans() -> int:
+    """Remove the folders of proxies whose process is gone (an actor killed before its ``close``)."""
+    removed = 0
+    for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*-*"):
+        pid = folder.name[len(_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 async def _event_stream(request: web.Request) -> web.StreamResponse:

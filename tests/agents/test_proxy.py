@@ -240,3 +240,21 @@ async def test_openai_responses_are_translated_both_ways(proxy, stream):
     assert second.messages[2]["tool_calls"][0]["id"] == call.call_id
     assert second.messages[3] == {"role": "tool", "tool_call_id": call.call_id, "content": "raygen-x-42"}
     await client.close()
+
+
+async def test_a_new_proxy_removes_the_folders_of_proxies_whose_process_died(tmp_path, monkeypatch):
+    import subprocess
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead_pid = subprocess.Popen(["true"])  # a finished process: its pid names no live process
+    dead_pid.wait()
+    orphan = tmp_path / f"raygen-agent-proxy-{dead_pid.pid}-abcd"
+    orphan.mkdir()
+    (orphan / "proxy.sock").write_text("")
+    ours = ModelProxy()
+    assert not orphan.exists() and ours.directory.parent == tmp_path
+    again = ModelProxy()  # a live process's folder stays
+    assert ours.directory.exists()
+    await ours.close()
+    await again.close()
