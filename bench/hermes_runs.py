@@ -46,7 +46,11 @@ def _batch_runner(ctx: Context, dataset: Path, sessions: int, base_url: str) -> 
     if measured.returncode != 0 or not out.exists():
         raise RuntimeError(f"batch_runner.py exited {measured.returncode}:\n{tail(measured.log_path)}")
     completed = sum('"completed": true' in line for line in out.read_text().splitlines())
-    return measured.wall_s, measured.sampler.cpu_s(), completed
+    return measured.wall_s, measured.sampler.cpu_s, completed
+
+
+def _top(cpu_by_name: dict[str, float], count: int = 6) -> str:
+    return ", ".join(f"{name} {seconds:.1f}" for name, seconds in list(cpu_by_name.items())[:count])
 
 
 def run(ctx: Context) -> list[Row]:
@@ -66,7 +70,7 @@ def run(ctx: Context) -> list[Row]:
         sim.reset()
         wall, cpu, completed = _batch_runner(ctx, dataset, sessions, sim.url)
     kept = ours.statistics.get("counts", {}).get("kept", 0)
-    ours_cpu = ours.measured.sampler.cpu_s()
+    ours_cpu = ours.measured.sampler.cpu_s
     ctx.results["hermes"] = {
         "sessions": sessions,
         "raygen": {"wall_s": ours.measured.wall_s, "cpu_s": ours_cpu, "kept": kept, "rate": ours.times.rate},
@@ -80,6 +84,6 @@ def run(ctx: Context) -> list[Row]:
         Row("hermes", "batch_runner.py: sessions/s (whole command)", f"{sessions / wall:.3f}",
             note=f"{note}; {completed} completed"),
         Row("hermes", "raygen --agent hermes: CPU s/session", f"{ours_cpu / sessions:.2f}",
-            note="whole tree: driver, Ray, actor + proxy, the Hermes processes"),
+            note=f"whole tree, CPU s by process: {_top(ours.measured.sampler.cpu_by_name())}"),
         Row("hermes", "batch_runner.py: CPU s/session", f"{cpu / sessions:.2f}", note="whole tree: the pool"),
     ]  # fmt: skip
