@@ -51,13 +51,13 @@ lint: setup
 TEST_WORKERS ?= 4
 test: setup engines lint
 	eval "$$(.ci/docker-setup.sh $(WORK)/docker)" && \
-	unshare -n bash -c 'ip link set lo up && $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)'
+	RAYGEN_AGENTS_DIR=$(WORK)/agents unshare -n bash -c 'ip link set lo up && $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)'
 
 # The inner loop: every test that starts no Ray cluster, container, Slurm or Apptainer and is not marked
 # slow (about 4 minutes on this machine). No root, no engines needed.
 FAST_MARKERS := not ray and not docker and not singularity and not slurm and not multinode and not slow
 test-fast: setup
-	$(BIN)/python -m pytest -q -ra -n 2 -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+	RAYGEN_AGENTS_DIR=$(WORK)/agents $(BIN)/python -m pytest -q -ra -n 2 -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 bench: setup
 	unshare -n bash -c 'ip link set lo up && $(BIN)/python -m bench $(BENCH_ARGS)'

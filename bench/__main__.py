@@ -20,6 +20,8 @@ Scenarios (``--only`` takes these names, or ``governor`` for the first two):
               Docker, sessions/s at 64 in flight with and without a server per session (no Ray)
   proxy       the agent harnesses' model proxy: its CPU per call and the latency it and the in-sandbox
               forwarder add, short and 1-MB requests, streaming and not (docs/agents.md)
+  hermes      Hermes Agent run by raygen (--agent hermes) vs Hermes's own batch_runner.py, 16 sessions in
+              flight each on the same prompts and simulator: sessions/s and CPU per session
   durability  SIGKILL of an actor and of the driver's process group at random moments, with stragglers,
               then --resume: sessions re-sent / sessions in flight at the kill, from the simulator's log
 Raw figures go to WORK/results.json. Run it in a loopback-only namespace (``make bench``).
@@ -58,6 +60,7 @@ ORDER = [
     "verify",
     "mcp",
     "proxy",
+    "hermes",
     "durability",
 ]
 
@@ -68,6 +71,7 @@ def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
         docker_fleet,
         durability,
         governor,
+        hermes_runs,
         mcp,
         proxy,
         sandboxes,
@@ -91,6 +95,7 @@ def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
         "verify": verify_cost.run,
         "mcp": mcp.run,
         "proxy": proxy.run,
+        "hermes": hermes_runs.run,
         "durability": durability.run,
     }
 

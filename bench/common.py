@@ -164,9 +164,10 @@ def run_measured(
     env: dict[str, str] | None = None,
     pss: bool = False,
     machine: bool = False,
+    cwd: Path = ROOT,
 ) -> Measured:
-    """Run ``cmd`` in its own session, sampling its process tree (and with ``machine``, every process
-    carrying the run's environment mark); on timeout kill the whole tree."""
+    """Run ``cmd`` in its own session (in ``cwd``), sampling its process tree (and with ``machine``, every
+    process carrying the run's environment mark); on timeout kill the whole tree."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     mark = uuid.uuid4().hex[:12]
     env = {**(env or child_env()), MARK_ENV: mark}
@@ -179,7 +180,7 @@ def run_measured(
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
-            cwd=ROOT,
+            cwd=cwd,
         )
         marked = TreeSampler(proc.pid, mark=mark) if machine else None
         with TreeSampler(proc.pid, pss=pss) as sampler, marked or contextlib.nullcontext():

@@ -18,12 +18,12 @@ from raygen.agents.configs import (  # noqa: F401 (re-exported)
     AgentConfig,
     BuiltinAgentConfig,
     ClaudeCodeAgentConfig,
+    CodexAgentConfig,
     CommandAgentConfig,
     HermesAgentConfig,
     MiniSweAgentConfig,
 )
 from raygen.config_section import Section as _Section
-from raygen.envs import environment_class
 from raygen.envs.configs import (  # noqa: F401 (re-exported: one place to import configuration from)
     DockerEnvConfig,
     EnvConfig,
@@ -51,6 +51,16 @@ from raygen.tools.mcp_config import McpServerConfig, unwrap_servers
 MAX_SAMPLES_PER_PROMPT = 1000
 """``--samples-per-prompt`` beyond this is refused: groups for best-of-K and RL are far smaller, and a
 typo of 100,000,000 made a dry run sit silent while it made the keys (issue 28)."""
+
+
+def _binds_host_folders(backend: str) -> bool:
+    """Whether the backend shows a session a host folder (``Environment.supports_binds``), so that an agent
+    harness inside can reach raygen's model proxy; False when its extra is not installed."""
+
+    try:
+        return environment_class(backend).supports_binds
+    except ImportError:
+        return False
 
 
 class SessionConfig(_Section):
@@ -437,12 +447,11 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _harness_reaches_its_proxy(self) -> RunConfig:
-        # The backend says whether it can bind a host folder into its sandbox (where the proxy's socket is).
-        if self.agent.type != "builtin" and not environment_class(self.env.type).supports_binds:
+        if self.agent.type != "builtin" and not _binds_host_folders(self.env.type):
             raise ValueError(
                 f"agent.type {self.agent.type} runs the harness inside the session's environment, which "
-                f"must show it raygen's model proxy through a bound folder: env.type {self.env.type} "
-                "cannot (Environment.supports_binds; local and docker can)"
+                f"must show it raygen's model proxy (a bound host folder): env.type {self.env.type} cannot "
+                "(docs/agents.md#backends)"
             )
         return self
 

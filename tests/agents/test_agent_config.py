@@ -42,9 +42,10 @@ def test_harnesses_run_only_where_the_proxy_can_be_bound_in(backend):
 def test_the_harness_backends_are_those_that_bind_host_folders():
     binding = {name for name in ("local", "fake", "docker", "modal", "singularity")
                if environment_class(name).supports_binds}  # fmt: skip
-    assert binding == {"local", "docker"}
+    assert binding == {"local", "docker"}  # as docs/agents.md and docs/backends.md say
     for backend in binding:
         assert load_config([f"env.type={backend}", "agent.command=echo hi"]).agent.type == "command"
+    assert load_config(["env.type=docker", "agent.type=hermes"]).agent.type == "hermes"
 
 
 def test_the_agent_is_part_of_the_generation_fingerprint():
