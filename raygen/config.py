@@ -56,6 +56,7 @@ typo of 100,000,000 made a dry run sit silent while it made the keys (issue 28).
 def _binds_host_folders(backend: str) -> bool:
     """Whether the backend shows a session a host folder (``Environment.supports_binds``), so that an agent
     harness inside can reach raygen's model proxy; False when its extra is not installed."""
+    from raygen.envs import environment_class
 
     try:
         return environment_class(backend).supports_binds
