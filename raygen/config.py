@@ -18,6 +18,7 @@ from raygen.agents.configs import (  # noqa: F401 (re-exported)
     AgentConfig,
     BuiltinAgentConfig,
     ClaudeCodeAgentConfig,
+    CodexAgentConfig,
     CommandAgentConfig,
     HermesAgentConfig,
     MiniSweAgentConfig,
@@ -52,9 +53,16 @@ MAX_SAMPLES_PER_PROMPT = 1000
 """``--samples-per-prompt`` beyond this is refused: groups for best-of-K and RL are far smaller, and a
 typo of 100,000,000 made a dry run sit silent while it made the keys (issue 28)."""
 
-HARNESS_BACKENDS = ("local", "docker")
-"""Environment backends that bind a host folder into the sandbox (``Environment.supports_binds``; a test
-keeps the two in step): where an agent harness can reach raygen's model proxy."""
+
+def _binds_host_folders(backend: str) -> bool:
+    """Whether the backend shows a session a host folder (``Environment.supports_binds``), so that an agent
+    harness inside can reach raygen's model proxy; False when its extra is not installed."""
+    from raygen.envs import environment_class
+
+    try:
+        return environment_class(backend).supports_binds
+    except ImportError:
+        return False
 
 
 class SessionConfig(_Section):
@@ -73,7 +81,10 @@ class SessionConfig(_Section):
     max_command_timeout_s: float = Field(600.0, gt=0)
     """Upper bound on the timeout a model may ask for in a terminal call."""
     session_timeout_s: float = Field(3600.0, gt=0)
-    """Hard wall-clock limit of one session; past it the session fails with ``session_timeout``."""
+    """Hard wall-clock limit of one session; past it the session fails with ``session_timeout``. Time the
+    session waits for the rate governor (paced behind a limit, or paused after refusals) is not counted;
+    model calls (``model.timeout_s`` each), the waits between their retries (``model.retry_max_wait_s``
+    each), tools, the environment and the grading are."""
     max_reply_chars: int = Field(8_000_000, ge=1000)
     """Longest model reply (content, reasoning and tool-call arguments together, in characters); a longer
     one ends the session with ``error:reply_too_large`` (final) and is stored cut to its head."""
@@ -352,11 +363,11 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _harness_reaches_its_proxy(self) -> RunConfig:
-        if self.agent.type != "builtin" and self.env.type not in HARNESS_BACKENDS:
+        if self.agent.type != "builtin" and not _binds_host_folders(self.env.type):
             raise ValueError(
                 f"agent.type {self.agent.type} runs the harness inside the session's environment, which "
-                f"must show it raygen's model proxy: env.type {' or '.join(HARNESS_BACKENDS)}, "
-                f"not {self.env.type}"
+                f"must show it raygen's model proxy (a bound host folder): env.type {self.env.type} cannot "
+                "(docs/agents.md#backends)"
             )
         return self
 

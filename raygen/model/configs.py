@@ -56,6 +56,10 @@ class SimConfig(_Section):
     rate_limit_burst: float | None = None
     """Burst capacity of the rate limit's token bucket (requests); unset: one second's worth of the rate,
     at least 1."""
+    rate_limit_headers: bool = True
+    """Send OpenAI-style ``x-ratelimit-*`` headers with every answer. Off: like many self-hosted gateways
+    and OpenAI-compatible hosts, the limit shows only as a 429 with ``Retry-After`` (and
+    ``retry-after-ms``), which is all the governor needs to learn it."""
     error_rate: float = 0.0
     """Share of requests answered with a 5xx error."""
     hallucinate_rate: float = 0.0
@@ -104,11 +108,14 @@ class ChatAPIModelConfig(_Section):
     model: str = "raygen-sim"
     """Model name sent with each request."""
     timeout_s: float = 600.0
-    """Timeout of one model request, in seconds."""
+    """Timeout of one model request (one HTTP attempt: send, wait, read, parse), in seconds. The wait for
+    the rate governor before it is not part of it."""
     max_retries: int = 8
     """Retries of one request on 429, 5xx, timeouts and connection errors before the session fails."""
     retry_max_wait_s: float = 120.0
-    """Longest wait between two retries (Retry-After from the provider is honoured up to this)."""
+    """Longest wait between two retries (Retry-After from the provider is honoured up to this). Also the
+    longest the rate governor pauses the cluster (``governor.max_pause_s`` is capped at it): one answer
+    never holds anyone else longer than its own request may wait."""
     max_connections: int | None = Field(None, ge=1)
     """Most HTTP connections to the endpoint per session actor; a request beyond them waits for a free one.
     Unset: ``ray.sessions_per_worker`` (a session has at most one model request in flight)."""
@@ -264,13 +271,14 @@ class GovernorConfig(_Section):
     1.0 paces exactly at the limit."""
     adaptive: bool | None = None
     """Learn the limit from 429s: unset (the default) means on when ``rpm`` is unset and off when it is set.
-    On and with no ``rpm``, nothing is throttled until the first 429 (a run that never gets one is never
-    slowed); that 429 sets the target to the rate the provider actually let through (requests that passed
-    over the last 10 s, divided by that span plus the provider's Retry-After), then the target grows
-    again after clean, busy traffic and each further 429 cuts it to the measured rate (AIMD). With ``rpm``
-    set and adaptive on, ``rpm`` is the start and the ceiling. Off: a 429 pauses the cluster for its
-    Retry-After and slows a known limit by 1.5% (down to 90%); with no limit either, nothing is governed
-    (``--adaptive/--no-adaptive``)."""
+    On and with no ``rpm``, nothing is throttled until the provider refuses (a run that never gets a 429
+    is never slowed); 429s that are evidence (a second within 10 s: a lone one only delays its own
+    request) set the target to the rate the provider actually let through (requests that passed over the
+    last 10 s, divided by the span until it takes requests again, by its Retry-After), then the target
+    grows again after clean, busy traffic and each further such cut sets it to the measured rate (AIMD).
+    With ``rpm`` set and adaptive on, ``rpm`` is the start and the ceiling. Off: 429s slow a known limit by
+    1.5% (down to 90%), on evidence as above, and pause the cluster only as ``max_pause_s`` says; with no
+    limit either, nothing is governed (``--adaptive/--no-adaptive``)."""
     initial_rpm: float | None = Field(None, gt=0)
     """Adaptive start rate when ``rpm`` is unset; from it the target doubles after each clean, busy
     interval until the first 429 (slow start). Unset: unthrottled until the first 429."""
@@ -302,13 +310,22 @@ class GovernorConfig(_Section):
     lease_ttl_s: float = Field(2.0, gt=0)
     """Leased slots unused after this many seconds go back, so idle workers strand no capacity."""
     max_pause_s: float = Field(120.0, gt=0)
-    """Longest cluster-wide pause honoured from a 429's Retry-After or ``x-ratelimit-reset-*`` header."""
+    """Longest pause of the cluster (or of one worker) when several answers in a row asked to wait (3
+    within 2 s; their median Retry-After or rate-limit reset). Never above ``model.retry_max_wait_s``: one
+    answer alone only delays its own request's retry."""
 
     @model_validator(mode="after")
     def _initial_within_ceiling(self) -> GovernorConfig:
         if self.rpm is None and self.initial_rpm is not None and self.initial_rpm > self.max_rpm:
             raise ValueError("initial_rpm must not exceed max_rpm")
         return self
+
+    def bounded(self, retry_max_wait_s: float | None) -> GovernorConfig:
+        """This section with ``max_pause_s`` no longer than the model's ``retry_max_wait_s``: the cluster is
+        never held longer than the user lets one request wait."""
+        if retry_max_wait_s is None or retry_max_wait_s >= self.max_pause_s:
+            return self
+        return self.model_copy(update={"max_pause_s": max(retry_max_wait_s, 1e-3)})
 
     def resolved_adaptive(self) -> bool:
         """Whether the governor learns the limit from 429s: ``adaptive``; unset: when ``rpm`` is unset."""

@@ -202,15 +202,16 @@ def _plan(
     if config.retry.retry_failed:
         _reopen_failures(config, ledger, resume, reporter)
     plan = _Plan(ledger, pricing, plan_samples(config, checked.dataset, checked.generation, ledger, held))
-    if pilot is not None:
-        pending_categories = ((s.sample_key, s.row.category) for s in plan.samples.pending_samples())
-        plan.chosen = pilot_keys(pending_categories, pilot)
-    check_isolation(config, plan.samples.isolation_rows, allow_unsafe_local)
-    expected, pending = plan.samples.expected, plan.pending
+    expected, pending = plan.samples.expected, plan.samples.pending
     reporter.note(
         f"run {config.output.run_name}: {len(expected)} samples, {len(expected) - pending} already done, "
         f"{pending} to run"
     )
+    if pilot is not None:
+        pending_categories = ((s.sample_key, s.row.category) for s in plan.samples.pending_samples())
+        plan.chosen = pilot_keys(pending_categories, pilot)
+        reporter.note(f"pilot: running {plan.pending} of them")
+    check_isolation(config, plan.samples.isolation_rows, allow_unsafe_local)
     return plan
 
 

@@ -82,10 +82,8 @@ def _live_statistics(sink: ResultSink, services: RunServices) -> dict[str, Any]:
     live = sink.live_statistics()
     if (governor := services.monitor.report()) is not None:
         live["governor"] = governor
-    if services.budget is not None:
-        from raygen.distributed.budget import budget_snapshot
-
-        live["budget"] = budget_snapshot(services.budget)
+    if (budget := services.budget_report()) is not None:
+        live["budget"] = budget
     return live
 
 
