@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -40,6 +40,7 @@ from raygen.cli.options import (
 )
 from raygen.cli.run_flags import RunFlags
 from raygen.cli.verify import verification_table
+from raygen.config import RunConfig
 from raygen.configfile import load_config
 from raygen.errors import ConfigError, InputError
 from raygen.output.storage import StorageError
@@ -70,25 +71,16 @@ def run(flags: RunFlags) -> None:
 
     Any config field without a flag: -c key.path=value (docs/configuration.md), e.g.
     -c sampling.temperature=0.7 -c session.system_prompt_file=system.txt -c model.type=scripted."""
-    overrides = flag_overrides(RunFlags, vars(flags))
+    overrides = _run_overrides(flags)
     from raygen.run.driver import run as run_job
 
     logging.basicConfig(
         level=logging.INFO if flags.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
-    if flags.base_url is not None:
-        # An endpoint means the openai backend, even over a config file that chose another model type.
-        overrides["model"]["type"] = "openai"
-    overrides["dataset"] = str(flags.dataset)
     try:
         cfg = load_config(flags.config, overrides)
         if flags.dry_run:
-            import yaml
-
-            err.print("resolved config:", highlight=False)
-            err.print(
-                yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), highlight=False, markup=False
-            )
+            _print_resolved(cfg)
         result = run_job(
             cfg,
             resume=flags.resume,
@@ -118,6 +110,23 @@ def run(flags: RunFlags) -> None:
         err.print(result.stop_reason, highlight=False, markup=False)
     if result.incomplete:
         raise typer.Exit(EXIT_RESUMABLE)
+
+
+def _run_overrides(flags: RunFlags) -> dict[str, Any]:
+    """The flags given, as the overrides ``load_config`` applies over the -c sources."""
+    overrides = flag_overrides(RunFlags, vars(flags))
+    if flags.base_url is not None:
+        # An endpoint means the openai backend, even over a config file that chose another model type.
+        overrides["model"]["type"] = "openai"
+    overrides["dataset"] = str(flags.dataset)
+    return overrides
+
+
+def _print_resolved(cfg: RunConfig) -> None:
+    import yaml
+
+    err.print("resolved config:", highlight=False)
+    err.print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), highlight=False, markup=False)
 
 
 @app.command()
