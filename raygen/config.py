@@ -36,6 +36,7 @@ from raygen.input.verify_spec import VerifySpec
 from raygen.model.configs import (  # noqa: F401 (re-exported)
     BudgetConfig,
     ChatAPIModelConfig,
+    GovernorConfig,
     ModelConfig,
     OpenAIModelConfig,
     PriceConfig,
@@ -243,92 +244,6 @@ class RayConfig(_Section):
     sessions, tokens, 429s, requests and sandboxes in flight and the governor's rates are among its
     metrics, docs/cluster.md). Unset: Ray picks one. A joined cluster sets it with ``ray start
     --metrics-export-port``."""
-
-
-class GovernorConfig(_Section):
-    """Cluster-wide pacing of model requests: one governor per (endpoint, model, API key) is shared by every
-    worker on every node. By default it only watches until the provider answers 429 (``adaptive``);
-    off entirely with ``adaptive: false`` and no limit."""
-
-    rpm: float | None = Field(None, gt=0)
-    """Requests per minute allowed across the whole cluster; unset: unknown (see ``adaptive``)."""
-    tpm: float | None = Field(None, gt=0)
-    """Tokens per minute (prompt + completion) across the cluster: estimated before each call and corrected
-    with the provider's reported usage after it; unset: unlimited."""
-    max_in_flight: int | None = Field(None, ge=1)
-    """Most requests in flight at once across the cluster; unset: unlimited."""
-    headroom: float = Field(0.97, gt=0, le=1)
-    """Share of ``rpm`` and ``tpm`` (and of a limit learned from 429s) the governor paces to. A little under
-    the limit, because requests reach the provider with some jitter (slots used a moment after they were
-    granted, network) and a provider counting over a short window answers a bunched second with 429s;
-    1.0 paces exactly at the limit."""
-    adaptive: bool | None = None
-    """Learn the limit from 429s: unset (the default) means on when ``rpm`` is unset and off when it is set.
-    On and with no ``rpm``, nothing is throttled until the provider refuses (a run that never gets a 429
-    is never slowed); 429s that are evidence (a second within 10 s: a lone one only delays its own
-    request) set the target to the rate the provider actually let through (requests that passed over the
-    last 10 s, divided by the span until it takes requests again, by its Retry-After), then the target
-    grows again after clean, busy traffic and each further such cut sets it to the measured rate (AIMD).
-    With ``rpm`` set and adaptive on, ``rpm`` is the start and the ceiling. Off: 429s slow a known limit by
-    1.5% (down to 90%), on evidence as above, and pause the cluster only as ``max_pause_s`` says; with no
-    limit either, nothing is governed (``--adaptive/--no-adaptive``)."""
-    initial_rpm: float | None = Field(None, gt=0)
-    """Adaptive start rate when ``rpm`` is unset; from it the target doubles after each clean, busy
-    interval until the first 429 (slow start). Unset: unthrottled until the first 429."""
-    max_rpm: float = Field(10_000.0, gt=0)
-    """Adaptive ceiling when ``rpm`` is unset."""
-    decrease_factor: float = Field(0.7, gt=0, lt=1)
-    """On a 429 that the measured rate cannot explain (it is at or above the target), the target is
-    multiplied by this instead; near a measured limit no cut goes deeper than this in one step; at most one
-    cut per ``cut_window_s``."""
-    increase_fraction: float = Field(0.03, gt=0, le=1)
-    """Near the limit learned from the last 429, the target grows by this fraction of that limit after each
-    ``increase_interval_s`` of clean traffic that used the target (additive increase); far below it, or
-    before any 429, it doubles (slow start). Once two cuts in a row measured about the same limit, it grows
-    only up to that limit, and past it at half the pace per such cut (down to an eighth)."""
-    increase_interval_s: float = Field(1.0, gt=0)
-    """Seconds of clean traffic between two increases of the adaptive target (at least three requests'
-    worth of the target)."""
-    cut_window_s: float = Field(1.0, ge=0)
-    """A burst of 429s within this many seconds cuts the target once."""
-    burst_s: float = Field(0.1, gt=0)
-    """Pacing burst: at most this many seconds' worth of the rate (plus one request) goes out at once.
-    Providers count over token buckets, fixed windows or sliding windows of 1 to 60 s; paced at
-    ``headroom`` with a 0.1 s burst every window of 10 s or more holds (a 1-s burst at 97% overshoots a
-    10-s sliding window). Only a 1-s sliding window can still refuse a bunched request now and then; a
-    known limit then paces 1.5% slower per 429 (down to 90%), a learned one is cut to the measured rate.
-    Smaller values cost more remote calls per request (each lease holds at most one burst)."""
-    lease_size: int = Field(8, ge=1)
-    """Most request slots a worker takes from the governor in one remote call."""
-    lease_ttl_s: float = Field(2.0, gt=0)
-    """Leased slots unused after this many seconds go back, so idle workers strand no capacity."""
-    max_pause_s: float = Field(120.0, gt=0)
-    """Longest pause of the cluster (or of one worker) when several answers in a row asked to wait (3
-    within 2 s; their median Retry-After or rate-limit reset). Never above ``model.retry_max_wait_s``: one
-    answer alone only delays its own request's retry."""
-
-    @model_validator(mode="after")
-    def _initial_within_ceiling(self) -> GovernorConfig:
-        if self.rpm is None and self.initial_rpm is not None and self.initial_rpm > self.max_rpm:
-            raise ValueError("initial_rpm must not exceed max_rpm")
-        return self
-
-    def bounded(self, retry_max_wait_s: float | None) -> GovernorConfig:
-        """This section with ``max_pause_s`` no longer than the model's ``retry_max_wait_s``: the cluster is
-        never held longer than the user lets one request wait."""
-        if retry_max_wait_s is None or retry_max_wait_s >= self.max_pause_s:
-            return self
-        return self.model_copy(update={"max_pause_s": max(retry_max_wait_s, 1e-3)})
-
-    def resolved_adaptive(self) -> bool:
-        """Whether the governor learns the limit from 429s: ``adaptive``; unset: when ``rpm`` is unset."""
-        return self.adaptive if self.adaptive is not None else self.rpm is None
-
-    def limits_anything(self) -> bool:
-        """False when there is nothing to govern (no limit and adaptive off): callers use ``OpenGate``."""
-        return self.resolved_adaptive() or any(
-            v is not None for v in (self.rpm, self.tpm, self.max_in_flight)
-        )
 
 
 class RetryConfig(_Section):

@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,41 +20,27 @@ from raygen.cli import hygiene as hygiene_commands
 from raygen.cli import verify as verify_commands
 from raygen.cli.console import ConsoleReporter, print_counts, print_run_summary
 from raygen.cli.options import (
-    AgentCommand,
-    AgentType,
     BestOf,
     ConfigSources,
     DatasetArg,
-    EphemeralSystemPrompt,
     FilterHallucinated,
     FilterIncomplete,
     FilterReasoning,
     FilterTruncated,
     FilterUnsafe,
     Groups,
-    MaxCost,
-    MaxSessionCost,
-    MaxTokens,
     MinReward,
     Opt,
     OutputFormat,
-    Pilot,
-    PrefillMessages,
-    ProvidersAllowed,
-    ProvidersIgnored,
-    ProvidersOrder,
-    ProviderSort,
-    Reasoning,
-    ReasoningEffort,
-    RetryFailed,
     RunDirArg,
-    SamplesPerPrompt,
     Sets,
-    Stream,
     ToolsetPlugins,
     flag_overrides,
+    takes_flags,
 )
+from raygen.cli.run_flags import RunFlags
 from raygen.cli.verify import verification_table
+from raygen.config import RunConfig
 from raygen.configfile import load_config
 from raygen.errors import ConfigError, InputError
 from raygen.output.storage import StorageError
@@ -79,138 +65,30 @@ def _fail(exc: Exception) -> None:
 
 
 @app.command()
-def run(
-    dataset: DatasetArg,
-    config: ConfigSources = None,
-    base_url: Annotated[
-        str | None,
-        Opt(help="OpenAI-compatible endpoint; unset: the built-in simulator."),
-        Sets("model.base_url"),
-    ] = None,
-    model: Annotated[str | None, Opt(help="Model name."), Sets("model.model")] = None,
-    api_key_env: Annotated[
-        str | None, Opt(help="Variable holding the API key [OPENAI_API_KEY]."), Sets("model.api_key_env")
-    ] = None,
-    max_turns: Annotated[
-        int | None, Opt(help="Most model calls per session [10]."), Sets("session.max_turns")
-    ] = None,
-    distribution: Annotated[
-        str | None,
-        Opt(help="Toolset distribution name or YAML file \\[default]."),
-        Sets("tools.distribution"),
-    ] = None,
-    mcp_config: Annotated[
-        list[str] | None,
-        Opt(
-            "--mcp-config", help='MCP servers: a JSON file {"mcpServers": {...}} (repeatable; docs/tools.md).'
-        ),
-        Sets("tools.mcp_config"),
-    ] = None,
-    env: Annotated[
-        str | None,
-        Opt("--env", help="Environment backend: local, docker, modal, singularity \\[local]."),
-        Sets("env.type"),
-    ] = None,
-    bwrap: Annotated[
-        bool | None, Opt(help="Confine local sessions with bubblewrap."), Sets("env.bwrap")
-    ] = None,
-    workers: Annotated[int | None, Opt(help="Session actors [2]."), Sets("ray.workers")] = None,
-    sessions_per_worker: Annotated[
-        int | None, Opt(help="Concurrent sessions per actor [16]."), Sets("ray.sessions_per_worker")
-    ] = None,
-    ray_address: Annotated[
-        str | None, Opt(help="Join this Ray cluster instead of starting one."), Sets("ray.address")
-    ] = None,
-    rpm: Annotated[float | None, Opt(help="Cluster-wide requests per minute."), Sets("governor.rpm")] = None,
-    adaptive: Annotated[
-        bool | None,
-        Opt("--adaptive/--no-adaptive", help="Learn the rate limit from 429s \\[on unless --rpm]."),
-        Sets("governor.adaptive"),
-    ] = None,
-    output_dir: Annotated[
-        str | None,
-        Opt(help="Parent folder of runs: a path, or s3://... / gs://... \\[runs]."),
-        Sets("output.output_dir"),
-    ] = None,
-    run_name: Annotated[
-        str | None, Opt(help="Run folder name \\[dataset name + timestamp]."), Sets("output.run_name")
-    ] = None,
-    limit: Annotated[int | None, Opt(help="Only the first N valid rows."), Sets("limit")] = None,
-    max_attempts: Annotated[
-        int | None,
-        Opt(help="Attempts per sample on infrastructure failures [3]."),
-        Sets("retry.max_attempts"),
-    ] = None,
-    drain_timeout: Annotated[
-        float | None,
-        Opt(help="On SIGTERM/SIGINT/SIGUSR1, seconds the sessions in flight get to finish [60]; exit 75."),
-        Sets("retry.drain_timeout_s"),
-    ] = None,
-    filter_reasoning: FilterReasoning = None,
-    filter_hallucinated: FilterHallucinated = None,
-    filter_incomplete: FilterIncomplete = None,
-    filter_unsafe: FilterUnsafe = None,
-    filter_truncated: FilterTruncated = None,
-    min_reward: MinReward = None,
-    best_of: BestOf = None,
-    groups: Groups = None,
-    samples_per_prompt: SamplesPerPrompt = None,
-    output_format: OutputFormat = None,
-    reasoning_effort: ReasoningEffort = None,
-    reasoning: Reasoning = None,
-    providers_allowed: ProvidersAllowed = None,
-    providers_ignored: ProvidersIgnored = None,
-    providers_order: ProvidersOrder = None,
-    provider_sort: ProviderSort = None,
-    stream: Stream = None,
-    prefill_messages: PrefillMessages = None,
-    ephemeral_system_prompt: EphemeralSystemPrompt = None,
-    retry_failed: RetryFailed = None,
-    max_cost: MaxCost = None,
-    max_tokens: MaxTokens = None,
-    max_session_cost: MaxSessionCost = None,
-    pilot: Pilot = None,
-    agent: AgentType = None,
-    agent_command: AgentCommand = None,
-    resume: Annotated[bool, Opt(help="Continue the run folder: only pending samples run.")] = False,
-    force: Annotated[bool, Opt(help="Resume even if the generation config changed.")] = False,
-    dry_run: Annotated[bool, Opt(help="Validate and plan; print the resolved config; run nothing.")] = False,
-    allow_unsafe_local: Annotated[
-        bool, Opt(help="Run needs_isolation rows on the bare local backend.")
-    ] = False,
-    verbose: Annotated[bool, Opt("--verbose", "-v")] = False,
-) -> None:
+@takes_flags(RunFlags)
+def run(flags: RunFlags) -> None:
     """Validate DATASET, run every prompt as an agent session, and merge the results.
 
     Any config field without a flag: -c key.path=value (docs/configuration.md), e.g.
     -c sampling.temperature=0.7 -c session.system_prompt_file=system.txt -c model.type=scripted."""
-    overrides = flag_overrides(run, locals())
+    overrides = _run_overrides(flags)
     from raygen.run.driver import run as run_job
 
     logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s"
+        level=logging.INFO if flags.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
-    if base_url is not None:
-        # An endpoint means the openai backend, even over a config file that chose another model type.
-        overrides["model"]["type"] = "openai"
-    overrides["dataset"] = str(dataset)
     try:
-        cfg = load_config(config, overrides)
-        if dry_run:
-            import yaml
-
-            err.print("resolved config:", highlight=False)
-            err.print(
-                yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), highlight=False, markup=False
-            )
+        cfg = load_config(flags.config, overrides)
+        if flags.dry_run:
+            _print_resolved(cfg)
         result = run_job(
             cfg,
-            resume=resume,
-            force=force,
-            dry_run=dry_run,
-            allow_unsafe_local=allow_unsafe_local,
+            resume=flags.resume,
+            force=flags.force,
+            dry_run=flags.dry_run,
+            allow_unsafe_local=flags.allow_unsafe_local,
             reporter=ConsoleReporter(err),
-            pilot=pilot,
+            pilot=flags.pilot,
         )
     except (ConfigError, InputError) as exc:
         _fail(exc)
@@ -232,6 +110,23 @@ def run(
         err.print(result.stop_reason, highlight=False, markup=False)
     if result.incomplete:
         raise typer.Exit(EXIT_RESUMABLE)
+
+
+def _run_overrides(flags: RunFlags) -> dict[str, Any]:
+    """The flags given, as the overrides ``load_config`` applies over the -c sources."""
+    overrides = flag_overrides(RunFlags, vars(flags))
+    if flags.base_url is not None:
+        # An endpoint means the openai backend, even over a config file that chose another model type.
+        overrides["model"]["type"] = "openai"
+    overrides["dataset"] = str(flags.dataset)
+    return overrides
+
+
+def _print_resolved(cfg: RunConfig) -> None:
+    import yaml
+
+    err.print("resolved config:", highlight=False)
+    err.print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), highlight=False, markup=False)
 
 
 @app.command()

@@ -6,11 +6,15 @@ A flag that sets a config field names the key in its annotation::
 
 and ``flag_overrides(command, locals())`` turns the flags given into the nested dict ``load_config``
 applies on top of the config files and ``-c`` overrides. Adding a flag is that one line; every other
-field is reachable with ``-c key.path=value`` without a flag.
+field is reachable with ``-c key.path=value`` without a flag. A command with very many flags declares them
+as the fields of a dataclass instead (``takes_flags``; ``raygen run``: raygen.cli.run_flags).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +37,8 @@ class Sets:
 
 def flag_overrides(command: Callable[..., Any], values: dict[str, Any]) -> dict[str, Any]:
     """The flags of ``command`` that were given (not None), as a nested dict keyed like the config.
-    ``values`` is the command's ``locals()`` taken before it defines any other name."""
+    ``values`` is the command's ``locals()`` taken before it defines any other name; for flags declared as
+    a dataclass (``takes_flags``), ``command`` is that class and ``values`` is ``vars(flags)``."""
     data: dict[str, Any] = {}
     for name, hint in typing.get_type_hints(command, include_extras=True).items():
         marker = next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Sets)), None)
@@ -41,6 +46,38 @@ def flag_overrides(command: Callable[..., Any], values: dict[str, Any]) -> dict[
         if marker is not None and value is not None:
             set_path(data, marker.key, str(value) if isinstance(value, Path) else value)
     return data
+
+
+def takes_flags(
+    flags_class: type[Any],
+) -> Callable[[Callable[[Any], None]], Callable[..., None]]:
+    """Decorator: ``command(flags)`` becomes a typer command with one parameter per field of the dataclass
+    ``flags_class`` (its annotation and default, in field order), called with ``flags_class(**given)``.
+
+    typer reads a command's parameters from ``inspect.signature`` and ``typing.get_type_hints``; both are
+    given the fields, so ``flag_overrides`` and typer see the command as if the fields were its parameters.
+    """
+    hints = typing.get_type_hints(flags_class, include_extras=True)
+    parameters = [
+        inspect.Parameter(
+            field.name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=inspect.Parameter.empty if field.default is dataclasses.MISSING else field.default,
+            annotation=hints[field.name],
+        )
+        for field in dataclasses.fields(flags_class)
+    ]
+
+    def decorate(body: Callable[[Any], None]) -> Callable[..., None]:
+        @functools.wraps(body)
+        def command(**given: Any) -> None:
+            body(flags_class(**given))
+
+        command.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}
+        return command
+
+    return decorate
 
 
 ConfigSources = Annotated[

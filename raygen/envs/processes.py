@@ -109,22 +109,7 @@ async def run_captured(
     called (it must not block). With ``whole_tree``, every kill also takes the group's descendants that
     left it (``kill_process_trees``), first: under a subreaper they are still its descendants.
     """
-    loop = asyncio.get_running_loop()
-    try:
-        transport, protocol = await loop.subprocess_exec(
-            lambda: ExitAwareProtocol(READ_CHUNK, loop),
-            *argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,  # own process group: a timeout can kill every child at once
-        )
-    except OSError as exc:
-        if exc.errno == errno.E2BIG:  # the caller's (the model's) command is too long: not a lost sandbox
-            raise ValueError(f"command line too long to run ({sum(map(len, argv))} characters)") from None
-        raise SessionFailure("env_lost", f"cannot start {argv[0]}: {exc}") from exc
+    transport, protocol = await _start(argv, env=env, cwd=cwd)
     pgid = transport.get_pid()
     groups.add(pgid)
     out, err = OutputCapture(max_output_chars), OutputCapture(max_output_chars)
@@ -158,6 +143,28 @@ async def run_captured(
         if not keep_group:
             groups.discard(pgid)
     return Captured(transport.get_returncode(), out, err, timed_out, pgid)
+
+
+async def _start(
+    argv: list[str], *, env: dict[str, str], cwd: str | Path | None
+) -> tuple[asyncio.SubprocessTransport, ExitAwareProtocol]:
+    """``argv`` started in its own process group, stdin /dev/null, stdout and stderr piped."""
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.subprocess_exec(
+            lambda: ExitAwareProtocol(READ_CHUNK, loop),
+            *argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,  # own process group: a timeout can kill every child at once
+        )
+    except OSError as exc:
+        if exc.errno == errno.E2BIG:  # the caller's (the model's) command is too long: not a lost sandbox
+            raise ValueError(f"command line too long to run ({sum(map(len, argv))} characters)") from None
+        raise SessionFailure("env_lost", f"cannot start {argv[0]}: {exc}") from exc
 
 
 def read_regular_file(path: Path) -> bytes:

@@ -234,6 +234,28 @@ async def run_spawned(
     """Run ``argv`` through the spawner: what ``run_captured(..., whole_tree=True)`` does with the
     subreaper script in front. Raises ``SpawnerUnavailable`` (nothing started) if the spawner cannot
     take it."""
+    out_r, err_r, status_r = _send_request(_request(argv, env, cwd))
+    loop = asyncio.get_running_loop()
+    out, err = OutputCapture(max_output_chars), OutputCapture(max_output_chars)
+    status = _Status(loop)
+    readers = [_PipeReader(loop, out_r, out.feed), _PipeReader(loop, err_r, err.feed)]
+    status_reader = _PipeReader(loop, status_r, status.feed)
+    readers.append(status_reader)
+    try:
+        timed_out = await _wait_for_command(status, status_reader, readers, timeout_s, groups)
+    finally:
+        _let_go(status, status_reader, readers, groups)
+    if status.exit.done():
+        returncode: int | None = status.exit.result()
+    elif timed_out:
+        returncode = None
+    else:  # the keeper was killed before the command ended (``kill -9 0``): as the scripts report it
+        returncode = -signal.SIGKILL
+    return Captured(returncode, out, err, timed_out, status.pgid.result())
+
+
+def _request(argv: list[str], env: dict[str, str], cwd: str | Path) -> bytes:
+    """The spawner's request for one command; what it cannot take raises before anything is sent."""
     if any("\0" in a for a in argv) or any("\0" in k or "\0" in v for k, v in env.items()):
         raise ValueError("embedded null byte")  # what starting it directly raises
     if any(len(a) > MAX_ARG_BYTES // 4 and len(a.encode()) > MAX_ARG_BYTES for a in argv):
@@ -241,7 +263,12 @@ async def run_spawned(
     message = json.dumps({"argv": argv, "env": env, "cwd": str(cwd)}).encode()
     if len(message) > MAX_REQUEST_BYTES:
         raise RequestTooLarge("request too large for the spawner's socket")
-    loop = asyncio.get_running_loop()
+    return message
+
+
+def _send_request(message: bytes) -> tuple[int, int, int]:
+    """Send ``message`` with the write ends of three new pipes; returns their read ends (stdout, stderr,
+    status). Only the keeper holds the write ends afterwards."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     status_r, status_w = os.pipe()
@@ -254,53 +281,62 @@ async def run_spawned(
     finally:
         for fd in (out_w, err_w, status_w):
             os.close(fd)
-    out, err = OutputCapture(max_output_chars), OutputCapture(max_output_chars)
-    status = _Status(loop)
-    readers = [_PipeReader(loop, out_r, out.feed), _PipeReader(loop, err_r, err.feed)]
-    status_reader = _PipeReader(loop, status_r, status.feed)
-    readers.append(status_reader)
-    # The keeper lives while its status pipe is open (nobody else holds the write end); once it hit EOF
-    # the keeper may be reaped and its id given to another process: never signalled after that.
-    keeper_alive = lambda: not status_reader.ended.done()  # noqa: E731
+    return out_r, err_r, status_r
+
+
+# The keeper lives while its status pipe is open (nobody else holds the write end); once it hit EOF the
+# keeper may be reaped and its id given to another process: never signalled after that.
+def _keeper_alive(status_reader: _PipeReader) -> bool:
+    return not status_reader.ended.done()
+
+
+async def _wait_for_command(
+    status: _Status,
+    status_reader: _PipeReader,
+    readers: list[_PipeReader],
+    timeout_s: float,
+    groups: set[int],
+) -> bool:
+    """Wait for the keeper's pid, then for the command (killed after ``timeout_s``) and its output.
+    Returns whether it timed out."""
     timed_out = False
-    try:
-        await asyncio.wait(
-            [status.pgid, status_reader.ended], timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
-        )
-        if not status.pgid.done():
-            # Nothing started: closing the status pipe makes a late keeper fail on its first write,
-            # before it starts the command.
-            wedged = keeper_alive()
-            status_reader.close()
-            raise _not_started(wedged)
-        groups.add(status.pgid.result())
-        ended = [status.exit, status_reader.ended]  # the status, or the keeper was killed
-        await asyncio.wait(ended, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        if not (status.exit.done() or status_reader.ended.done()):
-            timed_out = True
-            await asyncio.to_thread(kill_process_trees, {status.pgid.result()})
-            if keeper_alive():
-                kill_group(status.pgid.result())
-            await asyncio.wait(ended, timeout=DRAIN_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
-        await asyncio.wait([readers[0].ended, readers[1].ended], timeout=DRAIN_GRACE_S)
-    finally:
-        if not status.pgid.done():
-            # Cancelled before the pid was read: it may be on its way (then the command starts).
-            status_reader.read_now(2.0, status.pgid.done)
-        if status.pgid.done() and not status.exit.done() and keeper_alive():
-            # Cancelled mid-command: a /proc scan, in the loop (a cancellation cannot wait).
-            kill_process_trees({status.pgid.result()})
+    await asyncio.wait(
+        [status.pgid, status_reader.ended], timeout=START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+    )
+    if not status.pgid.done():
+        # Nothing started: closing the status pipe makes a late keeper fail on its first write,
+        # before it starts the command.
+        wedged = _keeper_alive(status_reader)
+        status_reader.close()
+        raise _not_started(wedged)
+    groups.add(status.pgid.result())
+    ended = [status.exit, status_reader.ended]  # the status, or the keeper was killed
+    await asyncio.wait(ended, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    if not (status.exit.done() or status_reader.ended.done()):
+        timed_out = True
+        await asyncio.to_thread(kill_process_trees, {status.pgid.result()})
+        if _keeper_alive(status_reader):
             kill_group(status.pgid.result())
-        for reader in readers:
-            reader.close()
-        if status.nothing_left:
-            # The keeper is ending (or ended) with nothing under it: its id must not be signalled later,
-            # when the system may have given it to another process.
-            groups.discard(status.pgid.result())
-    if status.exit.done():
-        returncode: int | None = status.exit.result()
-    elif timed_out:
-        returncode = None
-    else:  # the keeper was killed before the command ended (``kill -9 0``): as the scripts report it
-        returncode = -signal.SIGKILL
-    return Captured(returncode, out, err, timed_out, status.pgid.result())
+        await asyncio.wait(ended, timeout=DRAIN_GRACE_S, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait([readers[0].ended, readers[1].ended], timeout=DRAIN_GRACE_S)
+    return timed_out
+
+
+def _let_go(
+    status: _Status, status_reader: _PipeReader, readers: list[_PipeReader], groups: set[int]
+) -> None:
+    """However the wait ended (cancelled too): nothing of a command cut short left running, pipes closed,
+    a keeper that is gone no longer in ``groups``."""
+    if not status.pgid.done():
+        # Cancelled before the pid was read: it may be on its way (then the command starts).
+        status_reader.read_now(2.0, status.pgid.done)
+    if status.pgid.done() and not status.exit.done() and _keeper_alive(status_reader):
+        # Cancelled mid-command: a /proc scan, in the loop (a cancellation cannot wait).
+        kill_process_trees({status.pgid.result()})
+        kill_group(status.pgid.result())
+    for reader in readers:
+        reader.close()
+    if status.nothing_left:
+        # The keeper is ending (or ended) with nothing under it: its id must not be signalled later,
+        # when the system may have given it to another process.
+        groups.discard(status.pgid.result())

@@ -121,28 +121,9 @@ def write_sample(
     for stratum in order:
         result.picked[stratum] = len(strata[stratum])
 
-    def records() -> Iterable[tuple[dict[str, Any], tuple]]:
-        with RecordReader(run_dir=info.run_dir) as reader:
-            for pick in picks:
-                yield reader.read(pick[0]), pick
-
-    def jsonl_lines() -> Iterable[str]:
-        for record, (pos, line, outcome, reason) in records():
-            record["review_sample"] = {
-                "outcome": outcome,
-                "reason": reason,
-                "file": info.run_dir.relative(pos.path),
-                "line": line,
-            }
-            yield _line_safe(json.dumps(record, ensure_ascii=False)) + "\n"
-
-    def markdown_parts() -> Iterable[str]:
-        yield _markdown_header(info.name, seed, per_category, result)
-        for number, (record, (_pos, _line, outcome, reason)) in enumerate(records(), start=1):
-            yield trajectory_markdown(record, outcome, reason, number) + "\n---\n\n"
-
-    _write_atomic(result.jsonl, jsonl_lines())
-    _write_atomic(result.markdown, markdown_parts())
+    _write_atomic(result.jsonl, _jsonl_lines(info.run_dir, picks))
+    header = _markdown_header(info.name, seed, per_category, result)
+    _write_atomic(result.markdown, _markdown_parts(header, info.run_dir, picks))
     if upload:
         for local in (result.jsonl, result.markdown):
             info.run_dir.replace_from(Path(local), f"{SAMPLE_DIR}/{Path(local).name}")
@@ -151,3 +132,27 @@ def write_sample(
         result.jsonl = info.run_dir.describe(SAMPLE_DIR, "sample.jsonl")
         result.markdown = info.run_dir.describe(SAMPLE_DIR, "sample.md")
     return result
+
+
+def _records(run_dir: RunDir, picks: list[tuple]) -> Iterable[tuple[dict[str, Any], tuple]]:
+    """Each picked record, read by its position, with its pick ``(pos, line, outcome, reason)``."""
+    with RecordReader(run_dir=run_dir) as reader:
+        for pick in picks:
+            yield reader.read(pick[0]), pick
+
+
+def _jsonl_lines(run_dir: RunDir, picks: list[tuple]) -> Iterable[str]:
+    for record, (pos, line, outcome, reason) in _records(run_dir, picks):
+        record["review_sample"] = {
+            "outcome": outcome,
+            "reason": reason,
+            "file": run_dir.relative(pos.path),
+            "line": line,
+        }
+        yield _line_safe(json.dumps(record, ensure_ascii=False)) + "\n"
+
+
+def _markdown_parts(header: str, run_dir: RunDir, picks: list[tuple]) -> Iterable[str]:
+    yield header
+    for number, (record, (_pos, _line, outcome, reason)) in enumerate(_records(run_dir, picks), start=1):
+        yield trajectory_markdown(record, outcome, reason, number) + "\n---\n\n"

@@ -48,17 +48,28 @@ def manifest_section(manifest: dict[str, Any]) -> str:
     """What produced the run: dataset version, model, endpoint and provider route, limits, versions."""
     gen = manifest.get("generation") or {}
     config = manifest.get("config") or {}
+    system_prompt = gen.get("system_prompt")
+    return section(
+        "manifest",
+        "Run manifest",
+        kv_table(_generation_rows(manifest) + _run_rows(manifest)),
+        details("system prompt", pre_json(system_prompt)) if system_prompt else "",
+        details("tool schemas", pre_json(gen.get("tool_schemas") or [])),
+        details("resolved config (manifest.json)", pre_json(config)),
+    )
+
+
+def _generation_rows(manifest: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The manifest's rows on what decides a session's output: dataset, model, endpoint, sampling, tools."""
+    gen = manifest.get("generation") or {}
+    config = manifest.get("config") or {}
     dataset = manifest.get("dataset") or {}
     sampling = gen.get("sampling") or config.get("sampling") or {}
     route = sampling.get("extra_body") or {}
     distribution = gen.get("distribution") or {}
     tools = [((s or {}).get("function") or {}).get("name", "?") for s in gen.get("tool_schemas") or []]
-    env = config.get("env") or {}
-    governor = {
-        k: v for k, v in (config.get("governor") or {}).items() if k in ("rpm", "tpm", "max_in_flight")
-    }
     system_prompt = gen.get("system_prompt")
-    rows = [
+    return [
         ("run", manifest.get("run_name")),
         ("dataset", f"{dataset.get('path', '?')} ({dataset.get('rows', '?')} rows)"),
         ("dataset sha256", dataset.get("sha256")),
@@ -78,6 +89,18 @@ def manifest_section(manifest: dict[str, Any]) -> str:
             + ", ".join(f"{k} {v:g}%" for k, v in (distribution.get("toolsets") or {}).items()),
         ),
         ("tools", ", ".join(tools) or "none"),
+    ]
+
+
+def _run_rows(manifest: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The manifest's rows on how the run ran: environment, rate limits, filters, seed, times, versions."""
+    gen = manifest.get("generation") or {}
+    config = manifest.get("config") or {}
+    env = config.get("env") or {}
+    governor = {
+        k: v for k, v in (config.get("governor") or {}).items() if k in ("rpm", "tpm", "max_in_flight")
+    }
+    return [
         (
             "environment",
             ", ".join(f"{k}={v}" for k, v in env.items() if k in ("type", "bwrap", "default_image")),
@@ -97,14 +120,6 @@ def manifest_section(manifest: dict[str, Any]) -> str:
         ),
         ("host", manifest.get("host")),
     ]
-    return section(
-        "manifest",
-        "Run manifest",
-        kv_table(rows),
-        details("system prompt", pre_json(system_prompt)) if system_prompt else "",
-        details("tool schemas", pre_json(gen.get("tool_schemas") or [])),
-        details("resolved config (manifest.json)", pre_json(config)),
-    )
 
 
 def accounting_section(stats: dict[str, Any], notes: list[str]) -> str:

@@ -19,8 +19,8 @@ from raygen.config import HygieneConfig
 from raygen.errors import ConfigError, InputError
 from raygen.hygiene.pii import find_pii, mask_pii, phone_region_valid
 from raygen.hygiene.secrets import find_secrets, mask_secret
+from raygen.input.lines import parse_line
 from raygen.input.rows import PromptRow
-from raygen.input.validate import parse_line
 from raygen.safety import default_rules
 
 MAX_STORED = 1000

@@ -331,6 +331,23 @@ def respond(request: dict[str, Any], cfg: SimConfig) -> PolicyReply:
         calls, visible, reasoning = coding.calls, coding.visible, coding.reasoning
         decision.update(coding.decision)
 
+    message = _assistant_message(plan, turn, visible, reasoning, calls)
+    completion_chars = len(message["content"] or "") + len(message.get("reasoning_content", ""))
+    completion_chars += sum(len(tc["function"]["arguments"]) for tc in message.get("tool_calls", ()))
+    reply = PolicyReply(
+        message=message,
+        prompt_tokens=_estimate_tokens(_prompt_chars(messages, tools)),
+        completion_tokens=_estimate_tokens(completion_chars),
+        finish_reason="tool_calls" if calls else "stop",
+        decision=decision,
+    )
+    return _within_token_limit(reply, request.get("max_tokens") or request.get("max_completion_tokens"))
+
+
+def _assistant_message(
+    plan: Plan, turn: int, visible: str | None, reasoning: str, calls: list[tuple[str, dict[str, Any]]]
+) -> dict[str, Any]:
+    """The reply as an OpenAI assistant message: reasoning in its field or in ``<think>``, the calls."""
     message: dict[str, Any] = {"role": "assistant", "content": visible}
     if plan.reason and plan.reasoning_style == "field":
         message["reasoning_content"] = reasoning
@@ -345,17 +362,7 @@ def respond(request: dict[str, Any], cfg: SimConfig) -> PolicyReply:
             }
             for i, (name, args) in enumerate(calls)
         ]
-
-    completion_chars = len(message["content"] or "") + len(message.get("reasoning_content", ""))
-    completion_chars += sum(len(tc["function"]["arguments"]) for tc in message.get("tool_calls", ()))
-    reply = PolicyReply(
-        message=message,
-        prompt_tokens=_estimate_tokens(_prompt_chars(messages, tools)),
-        completion_tokens=_estimate_tokens(completion_chars),
-        finish_reason="tool_calls" if calls else "stop",
-        decision=decision,
-    )
-    return _within_token_limit(reply, request.get("max_tokens") or request.get("max_completion_tokens"))
+    return message
 
 
 def _within_token_limit(reply: PolicyReply, max_tokens: object) -> PolicyReply:

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -39,10 +38,10 @@ from raygen.config import FilterConfig
 from raygen.output.filters import FAILED, KEPT, REJECTED, classify
 from raygen.output.groups import apply_group_filters
 from raygen.output.hermes import HermesOptions, HermesWriter
+from raygen.output.merge_folders import abandon, build_folder, publish, recover_leftovers
 from raygen.output.run_dir import (
     DATA_DIR,
     FAILED_DIR,
-    OUTPUT_DIRS,
     REJECTED_DIR,
     STATISTICS_FILE,
     TRAJECTORIES_FILE,
@@ -51,13 +50,11 @@ from raygen.output.run_dir import (
 from raygen.output.schema import JSON_COLUMNS, SCHEMA, to_arrow_table
 from raygen.output.shards import RecordReader, ShardPos, ShardScanStats, iter_shard_records
 from raygen.output.stats import StatsAccumulator
-from raygen.output.storage import TMP_SUFFIX, fsync_dir
+from raygen.output.storage import TMP_SUFFIX
 from raygen.output.summary import summarize
 
 logger = logging.getLogger(__name__)
 
-_TMP_PREFIX = ".merge-"
-_OLD_PREFIX = ".merge-old-"
 # Parquet row groups are cut by record count or JSON size, whichever first, so one huge record batch
 # never has to sit in memory (nor overflow a 2 GiB Arrow string array).
 _ROW_GROUP_RECORDS = 256
@@ -244,34 +241,55 @@ def _dataset_card(stats: dict[str, Any], filters: FilterConfig) -> str:
     )
 
 
-def _recover_leftovers(run_dir: Path) -> None:
-    """Undo what a crashed merge left: restore a folder that was renamed away, drop temp folders."""
-    for entry in sorted(run_dir.glob(_OLD_PREFIX + "*")):
-        name = entry.name.rsplit("-", 1)[-1]
-        if name in OUTPUT_DIRS and not (run_dir / name).exists():
-            os.replace(entry, run_dir / name)
-        else:
-            shutil.rmtree(entry, ignore_errors=True)
-    for entry in run_dir.glob(_TMP_PREFIX + "*"):
-        if entry.is_dir() and not entry.name.startswith(_OLD_PREFIX):
-            shutil.rmtree(entry, ignore_errors=True)
-    for torn in run_dir.glob(f"{STATISTICS_FILE}*{TMP_SUFFIX}"):  # a write killed before its rename
-        torn.unlink(missing_ok=True)
-    (run_dir / (TRAJECTORIES_FILE + TMP_SUFFIX)).unlink(missing_ok=True)
+def _by_outcome(finals: dict[str, FinalRecord]) -> dict[str, list[FinalRecord]]:
+    """The final records per outcome, each list in ``(prompt_index, sample_key)`` order."""
+    by_outcome: dict[str, list[FinalRecord]] = {KEPT: [], REJECTED: [], FAILED: []}
+    for _key, final in sorted(finals.items(), key=lambda kv: (kv[1].prompt_index, kv[0])):
+        by_outcome[final.outcome].append(final)
+    return by_outcome
 
 
-def _swap_in(run_dir: Path, built: Path, token: str) -> None:
-    olds = []
-    for name in OUTPUT_DIRS:
-        final, old = run_dir / name, run_dir / f"{_OLD_PREFIX}{token}-{name}"
-        if final.exists():
-            os.replace(final, old)
-            olds.append(old)
-        os.replace(built / name, final)
-        fsync_dir(run_dir)
-    for old in olds:
-        shutil.rmtree(old)
-    built.rmdir()
+def _add_merge_statistics(
+    stats: dict[str, Any], counts: dict[str, Any], scan: ShardScanStats, missing: int | None
+) -> None:
+    """What every attempt cost (superseded ones too), and what the merge read."""
+    stats["cost"]["total_usd"] = counts["spent_usd"]
+    stats["cost"]["superseded_usd"] = max(0.0, counts["spent_usd"] - stats["cost"]["final_usd"])
+    stats["merge"] = {
+        **counts,
+        "unparseable_lines": scan.unparseable_lines,
+        "shard_files": scan.files,
+        "missing": missing,
+    }
+
+
+def _merged(
+    by_outcome: dict[str, list[FinalRecord]],
+    data_shards: int,
+    scan: ShardScanStats,
+    missing: int | None,
+    stats: dict[str, Any],
+    counts: dict[str, Any],
+) -> MergeResult:
+    result = MergeResult(
+        kept=len(by_outcome[KEPT]),
+        rejected=len(by_outcome[REJECTED]),
+        failed=len(by_outcome[FAILED]),
+        keys=sum(len(v) for v in by_outcome.values()),
+        data_shards=data_shards,
+        unparseable_lines=scan.unparseable_lines,
+        missing=missing,
+        stats=stats,
+        **counts,
+    )
+    logger.info(
+        "merged %d keys: %d kept, %d rejected, %d failed",
+        result.keys,
+        result.kept,
+        result.rejected,
+        result.failed,
+    )
+    return result
 
 
 def merge_run(
@@ -293,22 +311,16 @@ def merge_run(
         raise ValueError("data_shard_records must be >= 1")
     run = RunDir.of(run_dir)
     if run.is_local:
-        _recover_leftovers(run.local_path)
+        recover_leftovers(run.local_path)
     scan = ShardScanStats()
     finals, counts = choose_finals(run, filters, expected_keys, scan)
     apply_group_filters(finals.values(), filters)  # --groups, --best-of: need every sample's outcome
-
-    by_outcome: dict[str, list[FinalRecord]] = {KEPT: [], REJECTED: [], FAILED: []}
-    for _key, final in sorted(finals.items(), key=lambda kv: (kv[1].prompt_index, kv[0])):
-        by_outcome[final.outcome].append(final)
+    by_outcome = _by_outcome(finals)
     missing = None if expected_keys is None else len(expected_keys - finals.keys())
     del finals
 
     token = uuid.uuid4().hex[:12]
-    # Built on the run's own filesystem (swapped in by renames), or locally for an object store (uploaded).
-    built = run.local_path / f"{_TMP_PREFIX}{token}" if run.is_local else Path(tempfile.mkdtemp(_TMP_PREFIX))
-    for name in OUTPUT_DIRS:
-        (built / name).mkdir(parents=True)
+    built = build_folder(run, token)
     hermes_tmp = (run.local_path if run.is_local else built) / (TRAJECTORIES_FILE + TMP_SUFFIX)
     hermes_writer = HermesWriter(hermes, hermes_tmp) if hermes is not None else None
     try:
@@ -322,56 +334,17 @@ def merge_run(
             hermes_writer.close()
             total = len(expected_keys) if expected_keys is not None else sum(map(len, by_outcome.values()))
             stats.update(hermes_writer.statistics(total))
-        stats["cost"]["total_usd"] = counts["spent_usd"]
-        stats["cost"]["superseded_usd"] = max(0.0, counts["spent_usd"] - stats["cost"]["final_usd"])
-        stats["merge"] = {
-            **counts,
-            "unparseable_lines": scan.unparseable_lines,
-            "shard_files": scan.files,
-            "missing": missing,
-        }
+        _add_merge_statistics(stats, counts, scan, missing)
         (built / DATA_DIR / "README.md").write_text(_dataset_card(stats, filters), encoding="utf-8")
-        if run.is_local:
-            for name in OUTPUT_DIRS:
-                fsync_dir(built / name)
-            _swap_in(run.local_path, built, token)
-        else:
-            for name in OUTPUT_DIRS:
-                run.publish(built / name, name)
+        publish(run, built, token)
         if hermes_writer is not None:
             run.replace_from(hermes_tmp, TRAJECTORIES_FILE)
         else:
             run.delete(TRAJECTORIES_FILE)
     except BaseException:
-        shutil.rmtree(built, ignore_errors=True)
-        if hermes_writer is not None:
-            hermes_writer.abandon()
-        if run.is_local:
-            try:  # a failed swap may have renamed an old folder away: put it back
-                _recover_leftovers(run.local_path)
-            except OSError:
-                logger.exception("could not restore the previous output of %s", run)
+        abandon(run, built, hermes_writer)
         raise
     if not run.is_local:
         shutil.rmtree(built, ignore_errors=True)
     run.write_json(STATISTICS_FILE, stats)
-
-    result = MergeResult(
-        kept=len(by_outcome[KEPT]),
-        rejected=len(by_outcome[REJECTED]),
-        failed=len(by_outcome[FAILED]),
-        keys=sum(len(v) for v in by_outcome.values()),
-        data_shards=data_shards,
-        unparseable_lines=scan.unparseable_lines,
-        missing=missing,
-        stats=stats,
-        **counts,
-    )
-    logger.info(
-        "merged %d keys: %d kept, %d rejected, %d failed",
-        result.keys,
-        result.kept,
-        result.rejected,
-        result.failed,
-    )
-    return result
+    return _merged(by_outcome, data_shards, scan, missing, stats, counts)

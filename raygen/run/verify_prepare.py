@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from raygen.errors import InputError
-from raygen.input.validate import DatasetReport, Finding
+from raygen.input.lines import Finding
+from raygen.input.validate import DatasetReport
 from raygen.run.reporter import RunReporter
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from raygen.errors import InputError
-from raygen.input import validate
+from raygen.input import lines, validate
 from raygen.input.rows import PromptRow, make_sample_key
 from raygen.input.validate import iter_samples, scan_dataset
 
@@ -213,7 +213,7 @@ def test_stored_problems_are_capped_but_counted(tmp_path, monkeypatch):
 
 
 def test_overlong_line_is_reported_and_skipped(tmp_path, monkeypatch):
-    monkeypatch.setattr(validate, "MAX_LINE_BYTES", 64)
+    monkeypatch.setattr(lines, "MAX_LINE_BYTES", 64)
     path = write_lines(tmp_path / "long.jsonl", [{"prompt": "x" * 200}, {"prompt": "short"}])
     report = scan_dataset(path)
     assert [(p.line, p.field) for p in report.problems] == [(1, "(line)")]
