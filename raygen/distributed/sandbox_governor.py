@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from typing import Any
 import ray
 
 from raygen.envs.fleet import FleetLimits, OpenSandboxGate, SandboxGate
+
+log = logging.getLogger(__name__)
 
 NAMESPACE = "raygen"
 ACTOR_NAME = "raygen-sandbox-governor"
@@ -194,15 +197,20 @@ class SandboxGovernorClient:
 
     async def acquire(self, key: str) -> SandboxPermit:
         started = time.monotonic()
-        while not await self._actor.acquire.remote(key, self._limits):
-            pass
+        try:
+            while not await self._actor.acquire.remote(key, self._limits):
+                pass
+        except Exception as exc:  # the governor is gone (restarting): a session is not failed for it
+            log.warning("sandbox governor unreachable (%s): creating without its permit", exc)
         return SandboxPermit(key, time.monotonic() - started)
 
     def started(self, permit: SandboxPermit, *, ok: bool, refused: bool = False) -> None:
-        self._actor.started.remote(permit.key, ok, refused)
+        with contextlib.suppress(Exception):
+            self._actor.started.remote(permit.key, ok, refused)
 
     def closed(self, permit: SandboxPermit) -> None:
-        self._actor.closed.remote(permit.key)
+        with contextlib.suppress(Exception):
+            self._actor.closed.remote(permit.key)
 
 
 _ACTOR_CLASS: Any = None
