@@ -24,21 +24,25 @@ demo: setup
 # Debian packages the tests use: bubblewrap (local sandbox), Docker engine and image tools.
 system-deps:
 	@command -v bwrap >/dev/null && command -v dockerd >/dev/null && command -v debootstrap >/dev/null && \
-	  command -v chromium >/dev/null && command -v slurmctld >/dev/null && command -v munged >/dev/null || \
+	  command -v chromium >/dev/null && command -v slurmctld >/dev/null && command -v munged >/dev/null && \
+	  command -v npm >/dev/null || \
 	  (apt-get update -q && apt-get install -y -q --no-install-recommends bubblewrap docker.io containerd runc \
-	     busybox-static debootstrap iproute2 util-linux chromium slurm-wlm munge >/dev/null)
+	     busybox-static debootstrap iproute2 util-linux chromium slurm-wlm munge nodejs npm >/dev/null)
 
 # A private Docker engine, the locally built test images (no registry is reachable here) and the
-# apptainer "HPC node" fixture (.ci/apptainer-setup.sh). Slurm: packages only; tests/cluster/test_slurm.py
+# apptainer "HPC node" fixture (.ci/apptainer-setup.sh), and the agent harnesses the tests run as
+# sessions, from PyPI (.ci/agents-setup.sh). Slurm: packages only; tests/cluster/test_slurm.py
 # starts its daemons inside the tests' loopback-only network namespace with .ci/slurm-setup.sh (Slurm
 # talks TCP, which does not cross network namespaces).
 engines: system-deps
 	eval "$$(.ci/docker-setup.sh $(WORK)/docker)" && .ci/build-test-images.sh && .ci/apptainer-setup.sh >/dev/null
+	.ci/agents-setup.sh $(WORK)/agents >/dev/null
 	.ci/slurm-setup.sh --install-only
 
 lint: setup
 	$(BIN)/ruff check raygen tests bench
 	$(BIN)/ruff format --check raygen tests bench
+	$(BIN)/mypy
 
 # Tests that start Ray run in a loopback-only network namespace (Ray probes the network at start-up).
 # The suite mostly waits (Ray start-up, containers, subprocess runs), so it runs in TEST_WORKERS processes;

@@ -2,6 +2,9 @@
 # Build the images the Docker tests use, without any registry (none is reachable in CI):
 #   raygen-test/busybox  busybox-static rootfs, `docker import` (~0.2 s, 2 MB)
 #   raygen-test/python   Debian bookworm minbase + python3 via debootstrap (~60 s, ~260 MB)
+#   raygen-test/mcp      bookworm minbase + python3 + git, with the MCP servers of the tests (mcp-server-time,
+#                        mcp-server-git, the mcp SDK) pip-installed from wheels downloaded on the host
+#                        (PyPI through pip; the container that installs them has no network) (~90 s)
 # Needs DOCKER_HOST (eval "$(.ci/docker-setup.sh WORKDIR)" first). Images that already exist are skipped;
 # the debootstrap tarball is cached in build/ at the repo root (git-ignored) so a fresh engine
 # re-imports it in seconds. The first build downloads from the Debian mirror: run it before entering a
@@ -60,5 +63,53 @@ build_python() {
     log "built $image"
 }
 
+debootstrap_tarball() {  # $1: tarball path, $2: packages (comma-separated)
+    local tarball="$1" packages="$2"
+    [[ -s "$tarball" ]] && return
+    local mirror
+    mirror="$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
+    mirror="${mirror:-http://deb.debian.org/debian}"
+    local rootfs="$tarball.rootfs.tmp"
+    rm -rf "$rootfs"
+    log "debootstrap bookworm minbase + $packages from $mirror"
+    debootstrap --variant=minbase --include="$packages" bookworm "$rootfs" "$mirror" >&2
+    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+    tar -C "$rootfs" -cf "$tarball.tmp" .
+    mv "$tarball.tmp" "$tarball"
+    rm -rf "$rootfs"
+}
+
+build_mcp() {
+    local image=raygen-test/mcp
+    if have_image "$image"; then log "$image exists"; return; fi
+    local tarball="$cache_dir/bookworm-minbase-python3-git.tar" wheels="$cache_dir/mcp-wheels"
+    debootstrap_tarball "$tarball" python3,git,ca-certificates
+    if [[ ! -s "$wheels/.complete" ]]; then
+        local pip="${PIP:-$repo_root/.venv/bin/pip}"
+        [[ -x "$pip" ]] || pip="python3 -m pip"
+        rm -rf "$wheels"
+        # bookworm's python3 is 3.11: cp311 manylinux wheels; pip's own wheel installs the rest.
+        $pip download --quiet --only-binary=:all: --python-version 3.11 --platform manylinux2014_x86_64 \
+            --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --dest "$wheels" \
+            pip mcp mcp-server-time mcp-server-git >&2
+        date >"$wheels/.complete"
+    fi
+    docker import "$tarball" raygen-test/mcp-base >/dev/null
+    local cid
+    cid="$(docker create --network none -v "$wheels":/wheels:ro raygen-test/mcp-base sh -c \
+        'python3 "$(ls /wheels/pip-*.whl)/pip" install --quiet --no-index --find-links /wheels --break-system-packages \
+         --root-user-action ignore mcp mcp-server-time mcp-server-git')"
+    if ! docker start -a "$cid" >&2; then
+        docker rm -f "$cid" >/dev/null; docker rmi raygen-test/mcp-base >/dev/null
+        log "installing the MCP servers into $image failed"; return 1
+    fi
+    docker commit -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        -c 'CMD ["/bin/bash"]' "$cid" "$image" >/dev/null
+    docker rm "$cid" >/dev/null
+    docker rmi raygen-test/mcp-base >/dev/null
+    log "built $image"
+}
+
 build_busybox
 build_python
+build_mcp

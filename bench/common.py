@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from bench.procs import TreeSampler
+from bench.procs import MARK_ENV, TreeSampler
 from raygen.config import SimConfig
 from raygen.sim.server import SimProcess, start_subprocess
 
@@ -49,6 +50,8 @@ class Context:
     work: Path
     quick: bool
     log: Any = print
+    kinds: list[str] | None = None
+    """``--kinds``: the rate-limit scenarios' ways of counting to run (labels such as ``sliding 10 s``)."""
     results: dict[str, Any] = field(default_factory=dict)
     """Raw figures by scenario, written to results.json (and shared: the cluster compares with one node)."""
     _cluster: Any = None
@@ -149,6 +152,8 @@ class Measured:
     wall_s: float
     sampler: TreeSampler
     log_path: Path
+    machine: TreeSampler | None = None
+    """With ``machine=True``: every process of the run, found by its environment mark (bench.procs)."""
 
 
 def run_measured(
@@ -158,9 +163,13 @@ def run_measured(
     timeout_s: float,
     env: dict[str, str] | None = None,
     pss: bool = False,
+    machine: bool = False,
 ) -> Measured:
-    """Run ``cmd`` in its own session, sampling its process tree; on timeout kill the whole tree."""
+    """Run ``cmd`` in its own session, sampling its process tree (and with ``machine``, every process
+    carrying the run's environment mark); on timeout kill the whole tree."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    mark = uuid.uuid4().hex[:12]
+    env = {**(env or child_env()), MARK_ENV: mark}
     t0 = time.time()
     with log_path.open("w") as log:
         proc = subprocess.Popen(
@@ -168,11 +177,12 @@ def run_measured(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env or child_env(),
+            env=env,
             start_new_session=True,
             cwd=ROOT,
         )
-        with TreeSampler(proc.pid, pss=pss) as sampler:
+        marked = TreeSampler(proc.pid, mark=mark) if machine else None
+        with TreeSampler(proc.pid, pss=pss) as sampler, marked or contextlib.nullcontext():
             try:
                 code = proc.wait(timeout_s)
             except BaseException as exc:  # timeout or Ctrl-C: leave nothing running
@@ -185,7 +195,9 @@ def run_measured(
                     raise
                 code = -9
             sampler.sample()
-    return Measured(code, time.time() - t0, sampler, log_path)
+            if marked is not None:
+                marked.sample()
+    return Measured(code, time.time() - t0, sampler, log_path, marked)
 
 
 def tail(path: Path, lines: int = 15) -> str:
@@ -285,6 +297,7 @@ def run_raygen(
     timeout_s: float,
     env: dict[str, str] | None = None,
     pss: bool = False,
+    machine: bool = False,
 ) -> RaygenRun:
     """One raygen run of ``dataset`` with ``config`` against ``base_url`` (``bench.child`` in a subprocess),
     measured; raises if it fails."""
@@ -297,7 +310,8 @@ def run_raygen(
     cfg_path = work / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
     cmd = [sys.executable, "-m", "bench.child", str(cfg_path), str(dataset)]
-    measured = run_measured(cmd, work / "raygen.log", timeout_s=timeout_s, env=child_env(env), pss=pss)
+    log = work / "raygen.log"
+    measured = run_measured(cmd, log, timeout_s=timeout_s, env=child_env(env), pss=pss, machine=machine)
     run_dir = work / "runs" / name
     if measured.returncode != 0:
         raise RuntimeError(f"raygen run {name} exited {measured.returncode}:\n{tail(measured.log_path)}")
@@ -316,13 +330,14 @@ def run_baseline(
     base_url: str,
     timeout_s: float,
     pss: bool = False,
+    machine: bool = False,
 ) -> tuple[Measured, SessionTimes]:
     """One of ``bench.baselines``' runners in a subprocess, measured like raygen."""
     work = ctx.dir(name)
     out = work / "sessions.json"
     cmd = [sys.executable, "-m", "bench.baselines", runner, "--base-url", base_url]
     cmd += ["--dataset", str(dataset), "--concurrency", str(concurrency), "--out", str(out)]
-    measured = run_measured(cmd, work / "runner.log", timeout_s=timeout_s, pss=pss)
+    measured = run_measured(cmd, work / "runner.log", timeout_s=timeout_s, pss=pss, machine=machine)
     if measured.returncode != 0 or not out.exists():
         raise RuntimeError(f"{runner} runner exited {measured.returncode}:\n{tail(measured.log_path)}")
     data = json.loads(out.read_text())

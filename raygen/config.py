@@ -14,7 +14,16 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from raygen.agents.configs import (  # noqa: F401 (re-exported)
+    AgentConfig,
+    BuiltinAgentConfig,
+    ClaudeCodeAgentConfig,
+    CommandAgentConfig,
+    HermesAgentConfig,
+    MiniSweAgentConfig,
+)
 from raygen.config_section import Section as _Section
+from raygen.envs import environment_class
 from raygen.envs.configs import (  # noqa: F401 (re-exported: one place to import configuration from)
     DockerEnvConfig,
     EnvConfig,
@@ -25,9 +34,11 @@ from raygen.envs.configs import (  # noqa: F401 (re-exported: one place to impor
 )
 from raygen.input.verify_spec import VerifySpec
 from raygen.model.configs import (  # noqa: F401 (re-exported)
+    BudgetConfig,
     ChatAPIModelConfig,
     ModelConfig,
     OpenAIModelConfig,
+    PriceConfig,
     ProviderConfig,
     ReasoningEffort,
     SamplingConfig,
@@ -35,6 +46,11 @@ from raygen.model.configs import (  # noqa: F401 (re-exported)
     SimConfig,
     SimModelConfig,
 )
+from raygen.tools.mcp_config import McpServerConfig, unwrap_servers
+
+MAX_SAMPLES_PER_PROMPT = 1000
+"""``--samples-per-prompt`` beyond this is refused: groups for best-of-K and RL are far smaller, and a
+typo of 100,000,000 made a dry run sit silent while it made the keys (issue 28)."""
 
 
 class SessionConfig(_Section):
@@ -53,7 +69,10 @@ class SessionConfig(_Section):
     max_command_timeout_s: float = Field(600.0, gt=0)
     """Upper bound on the timeout a model may ask for in a terminal call."""
     session_timeout_s: float = Field(3600.0, gt=0)
-    """Hard wall-clock limit of one session; past it the session fails with ``session_timeout``."""
+    """Hard wall-clock limit of one session; past it the session fails with ``session_timeout``. Time the
+    session waits for the rate governor (paced behind a limit, or paused after refusals) is not counted;
+    model calls (``model.timeout_s`` each), the waits between their retries (``model.retry_max_wait_s``
+    each), tools, the environment and the grading are."""
     max_reply_chars: int = Field(8_000_000, ge=1000)
     """Longest model reply (content, reasoning and tool-call arguments together, in characters); a longer
     one ends the session with ``error:reply_too_large`` (final) and is stored cut to its head."""
@@ -98,6 +117,37 @@ class ToolsConfig(_Section):
     """Toolset distribution: a built-in name (``raygen distributions``) or a YAML file path."""
     plugins: list[str] = Field(default_factory=list)
     """Extra toolsets as Python import paths ``package.module:attribute`` (a Toolset or a list of them)."""
+    mcp_servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+    """MCP tool servers by name, as in the ``mcpServers`` object MCP clients share (``{"mcpServers":
+    {...}}`` is accepted too): each is a toolset named after it, offered to every session unless the
+    distribution or the row's ``toolsets`` name it (docs/tools.md)."""
+    mcp_config: list[str] = Field(default_factory=list)
+    """Files holding ``{"mcpServers": {...}}`` (``--mcp-config FILE``, repeatable), added to
+    ``mcp_servers``."""
+    mcp_tool_name_format: str = "{server}__{tool}"
+    """How an MCP tool is named to the model (``{server}``, ``{tool}``); characters other than letters,
+    digits, ``_`` and ``-`` become ``_``."""
+    mcp_call_timeout_s: float = Field(60.0, gt=0)
+    """Seconds one MCP tool call may take; past it the model gets a ``timeout`` tool failure (and a server
+    that then does not answer a ping ends the session with ``mcp_server_lost``)."""
+    mcp_start_timeout_s: float = Field(60.0, gt=0)
+    """Seconds a server may take to start and answer ``initialize`` and ``tools/list``."""
+
+    @field_validator("mcp_servers", mode="before")
+    @classmethod
+    def _unwrap_mcp_servers(cls, v: Any) -> Any:
+        return unwrap_servers(v, "tools.mcp_servers") if v else v
+
+    @field_validator("mcp_tool_name_format")
+    @classmethod
+    def _names_tool(cls, v: str) -> str:
+        if "{tool}" not in v:
+            raise ValueError("must contain {tool}")
+        try:
+            v.format(server="s", tool="t")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"only {{server}} and {{tool}} may be used: {exc}") from None
+        return v
 
 
 class FilterConfig(_Section):
@@ -241,13 +291,22 @@ class GovernorConfig(_Section):
     lease_ttl_s: float = Field(2.0, gt=0)
     """Leased slots unused after this many seconds go back, so idle workers strand no capacity."""
     max_pause_s: float = Field(120.0, gt=0)
-    """Longest cluster-wide pause honoured from a 429's Retry-After or ``x-ratelimit-reset-*`` header."""
+    """Longest pause of the cluster (or of one worker) when several answers in a row asked to wait (3
+    within 2 s; their median Retry-After or rate-limit reset). Never above ``model.retry_max_wait_s``: one
+    answer alone only delays its own request's retry."""
 
     @model_validator(mode="after")
     def _initial_within_ceiling(self) -> GovernorConfig:
         if self.rpm is None and self.initial_rpm is not None and self.initial_rpm > self.max_rpm:
             raise ValueError("initial_rpm must not exceed max_rpm")
         return self
+
+    def bounded(self, retry_max_wait_s: float | None) -> GovernorConfig:
+        """This section with ``max_pause_s`` no longer than the model's ``retry_max_wait_s``: the cluster is
+        never held longer than the user lets one request wait."""
+        if retry_max_wait_s is None or retry_max_wait_s >= self.max_pause_s:
+            return self
+        return self.model_copy(update={"max_pause_s": max(retry_max_wait_s, 1e-3)})
 
     def resolved_adaptive(self) -> bool:
         """Whether the governor learns the limit from 429s: ``adaptive``; unset: when ``rpm`` is unset."""
@@ -334,10 +393,11 @@ class RunConfig(_Section):
     """Take only the first N valid rows."""
     seed: int = 0
     """Run seed: with the prompt's key it seeds the toolset draw."""
-    samples_per_prompt: int = Field(1, ge=1)
+    samples_per_prompt: int = Field(1, ge=1, le=MAX_SAMPLES_PER_PROMPT)
     """Independent sessions per row (``--samples-per-prompt``): a group sharing ``group_id``, each sample
     with its own key and ``sample_index`` and its own request seed (``sampling.seed``, default 0, plus the
-    index). A resume runs exactly the samples a group is missing."""
+    index). A resume runs exactly the samples a group is missing. At most 1000
+    (``MAX_SAMPLES_PER_PROMPT``)."""
     model: ModelConfig = Field(default_factory=SimModelConfig)
     """Model backend."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -366,6 +426,24 @@ class RunConfig(_Section):
     """Data hygiene checks of the prompts before any model call."""
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     """Verified trajectories: the default check of rows without their own."""
+    pricing: dict[str, PriceConfig] = Field(default_factory=dict)
+    """Prices by model name, USD per million tokens, e.g. ``{qwen/qwen3-32b: {input: 0.1, output: 0.3}}``;
+    they win over the built-in table (``raygen.model.pricing``), a provider-reported cost wins over both."""
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    """Run and session spending limits (``--max-cost``, ``--max-tokens``, ``--max-session-cost``)."""
+    agent: AgentConfig = Field(default_factory=BuiltinAgentConfig)
+    """The agent of each session: raygen's own loop, or a harness run as a command (docs/agents.md)."""
+
+    @model_validator(mode="after")
+    def _harness_reaches_its_proxy(self) -> RunConfig:
+        # The backend says whether it can bind a host folder into its sandbox (where the proxy's socket is).
+        if self.agent.type != "builtin" and not environment_class(self.env.type).supports_binds:
+            raise ValueError(
+                f"agent.type {self.agent.type} runs the harness inside the session's environment, which "
+                f"must show it raygen's model proxy through a bound folder: env.type {self.env.type} "
+                "cannot (Environment.supports_binds; local and docker can)"
+            )
+        return self
 
 
 def fingerprint(obj: Any) -> str:

@@ -129,11 +129,14 @@ def _layer(source: Source) -> _Layer:
 
 def _default_types(data: dict[str, Any]) -> None:
     """Backend sections are discriminated unions; a section given without ``type`` means the default
-    backend: ``local`` for ``env``; for ``model``, ``openai`` if it names an endpoint, else ``sim``."""
+    backend: ``local`` for ``env``; for ``model``, ``openai`` if it names an endpoint, else ``sim``; for
+    ``agent``, ``command`` if it has a ``command``, else ``builtin``."""
     if isinstance(data.get("env"), dict):
         data["env"].setdefault("type", "local")
     if isinstance(data.get("model"), dict):
         data["model"].setdefault("type", "sim" if data["model"].get("base_url") is None else "openai")
+    if isinstance(data.get("agent"), dict):
+        data["agent"].setdefault("type", "builtin" if data["agent"].get("command") is None else "command")
 
 
 def run_config_from_manifest(config: dict[str, Any]) -> RunConfig:

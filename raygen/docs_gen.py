@@ -23,9 +23,10 @@ sync). Every option can be set in a YAML file with the same nesting (`raygen run
 at a time on the command line with its dotted key, the value read as YAML: `raygen run prompts.jsonl -c
 session.max_turns=12 -c 'sampling.extra_body={reasoning: {effort: high}}'`. Files and `-c key=value`
 settings apply in the order given (later wins), and the named flags of `raygen run --help` win over both.
-Backend sections (`model`, `env`) choose their backend with `type`; a section without `type` means the
-default backend: `local` for `env`; for `model`, `openai` if it has a `base_url`, else `sim` (the built-in
-simulator, also the default when there is no `model` section).
+Backend sections (`model`, `env`, `agent`) choose their backend with `type`; a section without `type`
+means the default backend: `local` for `env`; for `model`, `openai` if it has a `base_url`, else `sim`
+(the built-in simulator, also the default when there is no `model` section); for `agent`, `command` if it
+has a `command`, else `builtin`.
 """
 
 
@@ -37,6 +38,7 @@ def _type_name(annotation: Any) -> str:
         "raygen.config.",
         "raygen.envs.configs.",
         "raygen.model.configs.",
+        "raygen.agents.configs.",
         "<class '",
         "'>",
     ):
@@ -56,7 +58,7 @@ def _models(annotation: Any) -> list[type[BaseModel]]:
 def _section(model: type[BaseModel], path: str, out: list[str]) -> None:
     title = f"`{path}`" if path else "top level"
     type_field = model.model_fields.get("type")
-    if type_field is not None and path:
+    if type_field is not None and path and type_field.default is not None:
         title += f" with `type: {type_field.default}`"
     out.append(f"\n## {title}\n")
     if model.__doc__:

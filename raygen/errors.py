@@ -28,6 +28,13 @@ FAILURE_KINDS: dict[str, str] = {
     "session_timeout": "the session ran longer than session.session_timeout_s",
     "internal": "a bug in raygen or a user tool; see the record's error field",
     "verify_error": "the row's check could not run (timeout, grading sandbox lost); never a reward of 0",
+    "mcp_server_lost": "an MCP tool server of the session did not start, died or stopped answering",
+    "budget_reached": "the run's --max-cost or --max-tokens was reached before the next model call",
+    "session_cost_cap": "the session's next model call could take it past --max-session-cost",
+    "agent_not_found": "the agent command (agent.type other than builtin) was not found in the environment",
+    "agent_failed": "the agent command exited non-zero without a final answer",
+    "agent_no_model_call": "the agent command exited without calling the model once",
+    "agent_late_call": "the agent command called the model after its session ended (a leftover process)",
 }
 RETRYABLE: frozenset[str] = frozenset(
     {
@@ -38,8 +45,14 @@ RETRYABLE: frozenset[str] = frozenset(
         "env_lost",
         "worker_lost",
         "verify_error",
+        "mcp_server_lost",
+        "budget_reached",
+        "agent_failed",
     }
 )
+UNCOUNTED: frozenset[str] = frozenset({"budget_reached"})
+"""Retryable kinds whose attempts do not count towards ``retry.max_attempts``: a run stopped at its budget
+was not the sample's fault, so a resume with a larger budget runs it as if it had never been stopped."""
 
 
 class RaygenError(Exception):
@@ -48,6 +61,11 @@ class RaygenError(Exception):
 
 class ConfigError(RaygenError):
     """The configuration is invalid or refers to something that does not exist."""
+
+
+class RecordFormatError(ConfigError):
+    """A run folder holds records of a newer format than this raygen reads (a ConfigError: every command
+    reports it in one line and exits 2)."""
 
 
 class InputError(RaygenError):

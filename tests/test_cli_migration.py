@@ -111,6 +111,15 @@ def test_sent_options_are_not_stored_and_the_provider_is(migrated):
         )
     images = sorted(r["env"]["image"] or "" for r in records)
     assert images == ["", "", "", "python:3.11-slim"]  # the docker_image row
+    # issue 28 case 9: no file of the run folder holds the ephemeral system prompt (the manifest held it
+    # twice); the manifest keeps its hash.
+    holding = [
+        p for p in migrated["run"].rglob("*") if p.is_file() and b"EPHEMERAL-GUIDANCE" in p.read_bytes()
+    ]
+    assert holding == []
+    manifest = json.loads((migrated["run"] / "manifest.json").read_text())
+    recorded = manifest["generation"]["ephemeral_system_prompt"]
+    assert recorded["sha256"] == hashlib.sha256(EPHEMERAL.encode()).hexdigest()
 
 
 def test_truncated_sessions_are_rejected_and_remerge_as_partial(tmp_path):

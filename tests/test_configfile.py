@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from raygen.configfile import deep_merge, load_config
@@ -119,3 +121,28 @@ def test_an_option_of_another_backend_says_which_backend_has_it():
     with pytest.raises(ConfigError) as info:
         load_config(["env.type=local", "env.pull=never"])
     assert "(an option of env.type docker or singularity)" in str(info.value)
+
+
+def test_nan_and_infinities_are_refused_in_files_and_overrides(tmp_path):
+    # issue 28 case 2: a NaN temperature was accepted, written as bare NaN to manifest.json, and every
+    # call failed as the provider's fault. Every float of the config refuses NaN and infinities.
+    path = tmp_path / "run.yaml"
+    path.write_text("sampling:\n  temperature: .nan\ngovernor:\n  rpm: .inf\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    lines = str(info.value).splitlines()
+    assert any(line.startswith(f"  {path}:2: sampling.temperature: ") for line in lines), lines
+    assert any(line.startswith(f"  {path}:4: governor.rpm: ") for line in lines), lines
+    for override in (
+        "sampling.temperature=.nan",
+        "sampling.temperature=-.inf",
+        "session.command_timeout_s=.inf",
+    ):
+        with pytest.raises(
+            ConfigError, match=rf"-c {re.escape(override)}: {override.split('=')[0]}: .*finite"
+        ):
+            load_config([override])
+    # Inside the free-form request body too: JSON has no NaN, the provider would get a broken body.
+    with pytest.raises(ConfigError, match=r"sampling\.extra_body: .*reasoning\.budget.*finite"):
+        load_config(["sampling.extra_body={reasoning: {budget: .nan}}"])
+    assert load_config(["sampling.temperature=0.7"]).sampling.temperature == 0.7

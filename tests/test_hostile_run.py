@@ -4,7 +4,9 @@ meets one misbehaviour of issue 15 and ends with the documented status and count
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import socket
 import sys
 import uuid
 from pathlib import Path
@@ -78,3 +80,61 @@ async def test_a_run_against_a_hostile_provider(tmp_path: Path):
     for good in ("daemon", "fine", "retry-after"):
         assert records[good]["exit_status"] == "completed", records[good]["error"]
     assert pids_running(daemon) == []  # the daemon ended with its session
+
+
+def test_round_two_a_non_ascii_run_name_warnings_and_folder_commands_during_a_run(tmp_path: Path):
+    """Issue 28, end to end: ``--run-name ü40`` (case 1: every actor's metrics flush raised, samples ended
+    ``error:worker_lost`` and were sent to the model again), a notice printed as rich's repr (case 11),
+    and ``raygen merge`` / ``raygen rescore`` on the folder while the driver runs (they took no lock)."""
+    from tests.resume_harness import (
+        finish,
+        live_session_processes,
+        run_cli,
+        session_starts,
+        shard_records,
+        sim_log_from,
+        start_group,
+        wait_for,
+    )
+
+    prompts = [f"Task {i}: list the files in the working directory." for i in range(11)]
+    rows = [{"prompt": p} for p in prompts] + [{"prompt": prompts[0]}]  # line 12 repeats line 1: a notice
+    dataset = tmp_path / "p.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = {
+        "sim": {"latency_s": 1.0, "log_path": str(tmp_path / "sim.jsonl")},
+        "ray": {"workers": 2, "sessions_per_worker": 2},
+        "env": {"type": "local", "root": str(tmp_path / "wd")},
+        "output": {"output_dir": str(tmp_path / "runs")},
+        "filters": {"no_reasoning": False, "hallucinated_tools": False},
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "runs" / "ü40"
+    proc = start_group(
+        ["run", str(dataset), "-c", str(tmp_path / "run.yaml"), "--run-name", "ü40"], tmp_path / "out.log"
+    )
+    try:
+        assert wait_for(lambda: len(shard_records(run_dir)) >= 1, 400, proc), "no session finished"
+        refusals = [run_cli(command, str(run_dir), timeout=120) for command in ("merge", "rescore")]
+        running_meanwhile = proc.poll() is None
+        proc.wait(timeout=600)
+        ended = wait_for(lambda: not live_session_processes(proc.pid), 30)
+    finally:
+        out_log = finish(proc, tmp_path / "out.log")
+    assert proc.returncode == 0, out_log[-4000:]
+    for done in refusals:
+        assert done.returncode == 2, done.stderr[-2000:]
+        error = " ".join(done.stderr.split())
+        assert f"is in use by another raygen driver: host {socket.gethostname()} pid {proc.pid}" in error
+        assert "Traceback" not in done.stderr
+    assert running_meanwhile, "the run ended before merge and rescore were tried"
+    assert "Traceback" not in out_log and "UnicodeEncodeError" not in out_log, out_log[-6000:]
+    assert "Notice(" not in out_log
+    assert f"warning: {dataset}:12: prompt: same prompt as line 1; kept as a separate sample" in out_log
+    records = [
+        r for folder in ("data", "rejected", "failed") for r in read_jsonl(run_dir.glob(f"{folder}/*.jsonl"))
+    ]
+    assert len(records) == len(rows) and all(r["exit_status"] == "completed" for r in records)
+    starts = session_starts(sim_log_from(tmp_path / "sim.jsonl", 0))
+    assert sum(starts.values()) == len(rows)  # nothing sent to the model twice
+    assert ended, live_session_processes(proc.pid)

@@ -28,9 +28,9 @@ PACKAGE = ROOT / "raygen"
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "config_section", "formats"),
     ("envs", "model", "tools", "input", "safety"),
-    ("sim", "verify", "config", "configfile"),
+    ("sim", "verify", "agents", "config", "configfile"),
     ("session", "output"),
-    ("hygiene", "eval"),
+    ("hygiene", "eval", "export"),
     ("distributed",),
     ("run",),
     ("cli", "docs_gen"),

@@ -26,7 +26,7 @@ class ConsoleReporter(RunReporter):
         for line in report.summary_lines():
             self.console.print(line, highlight=False, markup=False)
         for notice in report.notices:
-            self.warning(notice)
+            self.warning(str(notice))
 
     def hygiene_checked(self, report: HygieneReport, *, refused: bool) -> None:
         from raygen.cli.hygiene import print_hygiene
@@ -42,7 +42,8 @@ class ConsoleReporter(RunReporter):
 
     def warning(self, text: str) -> None:
         self.console.print("[yellow]warning[/]: ", end="", highlight=False)
-        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+        # str(): rich renders any other object as its repr (a Notice showed as ``Notice(path=...)``).
+        self.console.print(str(text), highlight=False, markup=False, soft_wrap=True)
 
     def progress(self, total: int) -> RunProgress:
         return RunProgress(total, self.console)
@@ -63,7 +64,22 @@ def summary_rows(stats: dict[str, Any]) -> list[tuple[str, Any]]:
     reasoning = stats.get("reasoning", {})
     if reasoning.get("coverage") is not None:
         rows.append(("reasoning coverage (turns)", f"{reasoning['coverage']:.1%}"))
-    return rows + verification_rows(stats)
+    return rows + _cost_rows(stats.get("cost") or {}) + verification_rows(stats)
+
+
+def _cost_rows(cost: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Spend (docs/cost.md), when anything was spent: in all, per kept trajectory, and on what was not kept
+    (rejected, failed, and attempts a later one replaced)."""
+    total = cost.get("total_usd") or cost.get("final_usd") or 0.0
+    if total <= 0:
+        return []
+    per_kept = cost.get("per_kept_usd")
+    waste = (cost.get("waste_usd") or 0.0) + (cost.get("superseded_usd") or 0.0)
+    return [
+        ("spent (USD, all attempts)", f"{total:.4f}"),
+        ("spent per kept trajectory", "-" if per_kept is None else f"{per_kept:.6f}"),
+        ("spent on rejected/failed/retried", f"{waste:.4f}"),
+    ]
 
 
 def print_counts(stats: dict[str, Any], title: str, console: Console) -> None:

@@ -15,10 +15,13 @@ from rich.table import Table
 from rich.text import Text
 
 from raygen.cli import eval as eval_commands
+from raygen.cli import export as export_commands
 from raygen.cli import hygiene as hygiene_commands
 from raygen.cli import verify as verify_commands
 from raygen.cli.console import ConsoleReporter, print_counts, print_run_summary
 from raygen.cli.options import (
+    AgentCommand,
+    AgentType,
     BestOf,
     ConfigSources,
     DatasetArg,
@@ -29,9 +32,13 @@ from raygen.cli.options import (
     FilterTruncated,
     FilterUnsafe,
     Groups,
+    MaxCost,
+    MaxSessionCost,
+    MaxTokens,
     MinReward,
     Opt,
     OutputFormat,
+    Pilot,
     PrefillMessages,
     ProvidersAllowed,
     ProvidersIgnored,
@@ -91,6 +98,13 @@ def run(
         str | None,
         Opt(help="Toolset distribution name or YAML file \\[default]."),
         Sets("tools.distribution"),
+    ] = None,
+    mcp_config: Annotated[
+        list[str] | None,
+        Opt(
+            "--mcp-config", help='MCP servers: a JSON file {"mcpServers": {...}} (repeatable; docs/tools.md).'
+        ),
+        Sets("tools.mcp_config"),
     ] = None,
     env: Annotated[
         str | None,
@@ -152,6 +166,12 @@ def run(
     prefill_messages: PrefillMessages = None,
     ephemeral_system_prompt: EphemeralSystemPrompt = None,
     retry_failed: RetryFailed = None,
+    max_cost: MaxCost = None,
+    max_tokens: MaxTokens = None,
+    max_session_cost: MaxSessionCost = None,
+    pilot: Pilot = None,
+    agent: AgentType = None,
+    agent_command: AgentCommand = None,
     resume: Annotated[bool, Opt(help="Continue the run folder: only pending samples run.")] = False,
     force: Annotated[bool, Opt(help="Resume even if the generation config changed.")] = False,
     dry_run: Annotated[bool, Opt(help="Validate and plan; print the resolved config; run nothing.")] = False,
@@ -190,6 +210,7 @@ def run(
             dry_run=dry_run,
             allow_unsafe_local=allow_unsafe_local,
             reporter=ConsoleReporter(err),
+            pilot=pilot,
         )
     except (ConfigError, InputError) as exc:
         _fail(exc)
@@ -207,6 +228,8 @@ def run(
         raise typer.Exit(EXIT_RESUMABLE) from None
     if result.merge is not None:
         print_run_summary(result, err)
+    if result.stop_reason:
+        err.print(result.stop_reason, highlight=False, markup=False)
     if result.incomplete:
         raise typer.Exit(EXIT_RESUMABLE)
 
@@ -356,8 +379,9 @@ def sim_serve(
     asyncio.run(serve_forever(cfg, lambda url: err.print(f"simulator listening on {url}")))
 
 
-# The commands that live in their own module of this package (report/sample/compare, hygiene, rescore).
-for _commands in (eval_commands, hygiene_commands, verify_commands):
+# The commands that live in their own module of this package (report/sample/compare, hygiene, rescore,
+# export).
+for _commands in (eval_commands, hygiene_commands, verify_commands, export_commands):
     _commands.register(app)
 
 

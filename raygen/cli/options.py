@@ -152,7 +152,43 @@ RetryFailed = Annotated[
     Sets("retry.retry_failed"),
 ]
 
+# Money (docs/cost.md): budgets counted cluster-wide over the whole run, resumes included.
+MaxCost = Annotated[
+    float | None,
+    Opt(help="Stop admitting model calls at this many USD for the run; exit 75."),
+    Sets("budget.max_cost_usd"),
+]
+MaxTokens = Annotated[
+    int | None,
+    Opt(help="The same budget in tokens (per call: -c sampling.max_tokens)."),
+    Sets("budget.max_tokens"),
+]
+MaxSessionCost = Annotated[
+    float | None,
+    Opt(help="End a session whose next call could pass this many USD."),
+    Sets("budget.max_session_cost_usd"),
+]
+Pilot = Annotated[
+    int | None,
+    Opt(min=1, help="Run N prompts (spread over categories), project cost and time, stop."),
+]
+
 ToolsetPlugins = Annotated[list[str] | None, Opt("--toolset-plugin", help="Extra toolsets (module:attr).")]
 # str, not Path: a run folder may be an object-store URI (Path would fold s3://b into s3:/b).
 RunDirArg = Annotated[str, typer.Argument(help="A run folder: a path, or s3://... / gs://...")]
 DatasetArg = Annotated[Path, typer.Argument(help="Prompts JSONL.")]
+
+# The session's agent (docs/agents.md): raygen's own loop, a preset harness, or any command.
+AgentType = Annotated[
+    str | None,
+    Opt(
+        "--agent",
+        help="Each session's agent: builtin, hermes, mini-swe-agent, claude-code, command \\[builtin].",
+    ),
+    Sets("agent.type"),
+]
+AgentCommand = Annotated[
+    str | None,
+    Opt("--agent-command", help="Run this shell command as each session's agent ({prompt}, {workdir}, ...)."),
+    Sets("agent.command"),
+]

@@ -87,7 +87,8 @@ def rescore(
         raise typer.Exit(2) from None
     err.print(
         f"rescored {result.regraded} sessions: {result.changed} changed, {result.errors} checks could not run"
-        f", {result.skipped} skipped (row gone or without a check)",
+        f", {result.skipped} skipped (row gone or without a check)"
+        + (f", {result.damaged} damaged records left as they were" if result.damaged else ""),
         highlight=False,
     )
     if result.merge is not None:

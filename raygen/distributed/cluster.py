@@ -56,9 +56,9 @@ def ensure_ray(
         # (one machine) must itself be on loopback, else Ray may take the hostname's address (127.0.1.1 on
         # Debian) and find no raylet there.
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        on_loopback = {"_node_ip_address": "127.0.0.1"} if _is_loopback(address) else {}
+        node_ip = "127.0.0.1" if _is_loopback(address) else None  # None: Ray finds the address
         runtime_env = {"env_vars": {"RAY_USAGE_STATS_ENABLED": os.environ["RAY_USAGE_STATS_ENABLED"]}}
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, **on_loopback)
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, _node_ip_address=node_ip)
         return True
     # No runtime_env here: the local Ray's processes are this process's children and inherit its
     # environment (so these defaults too), and a job runtime_env makes every task and actor wait for
@@ -78,7 +78,7 @@ def ensure_ray(
             _temp_dir=temp_dir,
             log_to_driver=False,
             configure_logging=False,
-            **({"_metrics_export_port": metrics_export_port} if metrics_export_port else {}),
+            _metrics_export_port=metrics_export_port or None,
         )
     return True
 
@@ -100,6 +100,18 @@ def _quiet_token_auth_notice() -> Iterator[None]:
 
 
 def shutdown_ray() -> None:
+    """Stop this process's Ray. A second signal stops a run without waiting for Ray Data's iteration
+    thread to end: once Ray is gone, any Ray call of that thread would start a NEW local Ray
+    (``ray.init`` on first use) and its stats updates print tracebacks about the Ray that is gone (two of
+    them reached the user before the exit line, issue 28). Neither may happen after this: the
+    iteration is abandoned, as the run is."""
+    try:
+        from ray._private import auto_init_hook  # Ray's switch for its init-on-first-use (private)
+
+        auto_init_hook.enable_auto_connect = False
+    except ImportError:  # a Ray that moved it: its noise may come back (test_durability says so), no crash
+        pass
+    logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # set again by the next pass's dataset
     ray.shutdown()
 
 

@@ -23,9 +23,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Any
+from typing import Any, cast
 
 import ray
+from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 # Records waiting for the driver beyond which no new session may start (the driver is writing slowly).
@@ -106,7 +107,7 @@ class RunControl:
         return {"running": len(self._running), "finished": len(self._finished), "skipped": self.skipped}
 
 
-def start_control() -> Any:
+def start_control() -> ActorHandle:
     """A ``RunControl`` actor on this (the driver's) node, tied to this process's lifetime."""
     node = ray.get_runtime_context().get_node_id()
     actor = ray.remote(RunControl).options(
@@ -114,4 +115,4 @@ def start_control() -> Any:
         max_concurrency=10_000,  # every session slot of every actor may call at once
         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
     )
-    return actor.remote()
+    return cast(ActorHandle, actor.remote())  # Ray's stubs cannot tell a handle from the class

@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ray.actor import ActorHandle
+
 from raygen.distributed.control import Finished
 
 LINGER_S = 0.02
@@ -32,7 +34,7 @@ POLL_S = 0.25
 
 
 class ControlLink:
-    def __init__(self, control: Any):
+    def __init__(self, control: ActorHandle):
         self._control = control
         self._begins: list[tuple[tuple[str, int], asyncio.Future[str]]] = []
         self._finished: list[tuple[Finished, asyncio.Future[None]]] = []
@@ -98,7 +100,8 @@ class ControlLink:
                 )
             except BaseException as exc:  # the control actor is gone: every waiting session learns it
                 self._broken = True
-                for _, future in [*begins, *finished]:
+                futures: list[asyncio.Future[Any]] = [f for _, f in begins] + [f for _, f in finished]
+                for future in futures:
                     if not future.done():
                         future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
                 if not isinstance(exc, Exception):

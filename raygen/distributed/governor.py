@@ -14,9 +14,11 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import ray
+from ray.actor import ActorHandle
 
 from raygen.config import GovernorConfig
 from raygen.distributed.governor_client import REPORT_INTERVAL_S, GovernorClient
@@ -62,7 +64,12 @@ class GovernorService:
     cluster is saturated it lingers briefly to fill the whole request, so each call carries a batch.
     """
 
-    def __init__(self, config: GovernorConfig | dict, clock: Any = None, export_as: str | None = None):
+    def __init__(
+        self,
+        config: GovernorConfig | dict,
+        clock: Callable[[], float] | None = None,
+        export_as: str | None = None,
+    ):
         """``export_as``: the actor's name, under which its rates become Ray metrics (the actor only)."""
         self._config = GovernorConfig.model_validate(config)
         self._policy = GovernorPolicy(self._config) if clock is None else GovernorPolicy(self._config, clock)
@@ -125,7 +132,7 @@ class GovernorService:
 
 def get_or_create_governor(
     config: GovernorConfig, base_url: str | None, model: str, api_key: str | None
-) -> Any | None:
+) -> ActorHandle | None:
     """The cluster's governor actor for this endpoint, model and key (created on first use, shared by
     name afterwards), or None when the config limits nothing. Needs ``ray.init`` first. The actor uses no
     CPU reservation. Ray ties a non-detached actor to the process that created it, so call this from the
@@ -159,8 +166,10 @@ def gate_for(config: GovernorConfig, base_url: str | None, model: str, api_key: 
     gate = _GATES.get(name)
     if gate is None or gate.closed:
 
-        def resolve() -> Any:
-            return get_or_create_governor(config, base_url, model, api_key)
+        def resolve() -> ActorHandle:
+            handle = get_or_create_governor(config, base_url, model, api_key)
+            assert handle is not None  # the config limits something (checked above)
+            return handle
 
         capped = config.max_in_flight is not None
         gate = _GATES[name] = GovernorClient(

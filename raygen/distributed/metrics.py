@@ -8,7 +8,9 @@ cluster figure is a ``sum`` over processes. Every raygen series carries ``run`` 
 - ``raygen_sessions_started``, ``raygen_sessions_finished`` (tag ``status``: ``completed``, ``failed`` for
   an ``error:*`` exit, ``other`` for model outcomes such as ``max_turns``), ``raygen_sessions_failed``;
 - ``raygen_tokens`` (tag ``kind``: ``prompt`` / ``completion``), ``raygen_rate_limited`` (429 answers);
+- ``raygen_cost_usd``: what finished sessions' model calls cost (docs/cost.md);
 - gauges ``raygen_requests_in_flight`` and ``raygen_sandboxes``;
+- ``run`` is the run name with its non-ASCII characters percent-escaped (Ray's tags are ASCII);
 - from the governor actor, gauges ``raygen_governor_target_rpm`` (0 while nothing is paced),
   ``raygen_governor_achieved_rpm`` and ``raygen_governor_measured_limit_rpm`` (tag ``governor``: its actor
   name).
@@ -20,12 +22,17 @@ with its outcome) and hands ``SessionRunner`` a sandbox callback.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 from ray.util.metrics import Counter, Gauge
 
-from raygen.model.gate import RateGate
+from raygen.model.gate import Permit, RateGate
+
+log = logging.getLogger(__name__)
 
 _FLUSH_S = 1.0
 """A session actor's counts and gauges go to Ray at most this often."""
@@ -33,11 +40,18 @@ _EXPORT_EVERY_S = 1.0
 """The governor's gauges are set at most this often (they are read every few seconds at best)."""
 
 
+def ascii_tag(value: str) -> str:
+    """``value`` as a Ray metric tag, which must be ASCII (a non-ASCII run name made every flush raise
+    in the session actors, issue 28): non-ASCII characters percent-escaped as UTF-8 (``ü`` -> ``%C3%BC``),
+    the rest unchanged."""
+    return "".join(c if c.isascii() else quote(c, safe="") for c in value)
+
+
 class WorkerMetrics:
     """The counters and gauges of one session-actor process."""
 
     def __init__(self, run_name: str):
-        self._tags = {"run": run_name}
+        self._tags = {"run": ascii_tag(run_name)}
         self.started = Counter("raygen_sessions_started", description="Sessions started.", tag_keys=("run",))
         self.finished = Counter(
             "raygen_sessions_finished",
@@ -50,6 +64,7 @@ class WorkerMetrics:
         self.tokens = Counter(
             "raygen_tokens", description="Tokens the provider reported, by kind.", tag_keys=("run", "kind")
         )
+        self.cost = Counter("raygen_cost_usd", description="USD spent on model calls.", tag_keys=("run",))
         self.rate_limited = Counter(
             "raygen_rate_limited", description="Requests answered 429.", tag_keys=("run",)
         )
@@ -64,11 +79,14 @@ class WorkerMetrics:
         self._kind_tags = {k: {**self._tags, "kind": k} for k in ("prompt", "completion")}
         self._pending: dict[tuple, list] = {}
         self._flush_at: asyncio.TimerHandle | None = None
+        self._failed = False
 
     def session_started(self) -> None:
         self._add(self.started, self._tags, 1)
 
-    def session_finished(self, exit_status: str) -> None:
+    def session_finished(self, exit_status: str, cost_usd: float = 0.0) -> None:
+        if cost_usd > 0:
+            self._add(self.cost, self._tags, cost_usd)
         failed = exit_status.startswith("error:")
         status = "completed" if exit_status == "completed" else "failed" if failed else "other"
         self._add(self.finished, self._status_tags[status], 1)
@@ -122,10 +140,15 @@ class WorkerMetrics:
             self._flush_at.cancel()
             self._flush_at = None
         pending, self._pending = self._pending, {}
-        for metric, tags, amount in pending.values():
-            metric.inc(amount, tags=tags)
-        self.requests_gauge.set(self.requests, tags=self._tags)
-        self.sandboxes_gauge.set(self.sandboxes, tags=self._tags)
+        try:
+            for metric, tags, amount in pending.values():
+                metric.inc(amount, tags=tags)
+            self.requests_gauge.set(self.requests, tags=self._tags)
+            self.sandboxes_gauge.set(self.sandboxes, tags=self._tags)
+        except Exception as exc:  # figures for a dashboard must never cost a session: said once, dropped
+            if not self._failed:
+                log.warning("raygen metrics not exported: %s: %s", type(exc).__name__, exc)
+            self._failed = True
 
 
 class MeteredGate:
@@ -136,12 +159,12 @@ class MeteredGate:
         self._inner = inner
         self._metrics = metrics
 
-    async def acquire(self, est_tokens: int) -> Any:
+    async def acquire(self, est_tokens: int) -> Permit:
         permit = await self._inner.acquire(est_tokens)
         self._metrics.request(+1)
         return permit
 
-    def release(self, permit: Any, **outcome: Any) -> None:
+    def release(self, permit: Permit, **outcome: Any) -> None:
         self._metrics.request(-1)
         self._metrics.outcome(
             outcome.get("status"), outcome.get("prompt_tokens", 0), outcome.get("completion_tokens", 0)
@@ -172,7 +195,7 @@ class GovernorMetrics:
         }
         self._next = 0.0
 
-    def maybe_export(self, snapshot: Any) -> None:
+    def maybe_export(self, snapshot: Callable[[], Mapping[str, float | None]]) -> None:
         """Set the gauges from ``snapshot()`` (a callable, called only when due)."""
         now = time.monotonic()
         if now < self._next:

@@ -4,13 +4,14 @@ statistics.json. Polls at most every ``every_s`` so the driver's result loop sta
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import ray
+from ray.actor import ActorHandle
 
 
 class GovernorMonitor:
-    def __init__(self, handle: Any | None, every_s: float = 2.0):
+    def __init__(self, handle: ActorHandle | None, every_s: float = 2.0):
         self.handle = handle
         self.every_s = every_s
         self._last = 0.0
@@ -23,7 +24,7 @@ class GovernorMonitor:
         if now - self._last >= self.every_s:
             self._last = now
             try:
-                snap = ray.get(self.handle.snapshot.remote(), timeout=5)
+                snap = cast(dict[str, Any], ray.get(self.handle.snapshot.remote(), timeout=5))
             except Exception:  # the display must never stop the run
                 return self._line
             target = snap.get("target_rpm")
@@ -38,7 +39,10 @@ class GovernorMonitor:
         if self.handle is None:
             return None
         try:
-            snap, history = ray.get([self.handle.snapshot.remote(), self.handle.history.remote()], timeout=10)
+            answers: list[Any] = ray.get(
+                [self.handle.snapshot.remote(), self.handle.history.remote()], timeout=10
+            )
+            snap, history = answers
         except Exception as exc:
             return {"error": f"governor unreachable: {type(exc).__name__}"}
         return {"snapshot": snap, "history": history}

@@ -16,10 +16,11 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import ray
 import ray.data
+from ray.actor import ActorHandle
 
 from raygen.config import RayConfig
 from raygen.distributed.cluster import session_actor_resources
@@ -95,6 +96,7 @@ def write_pending(
             files.append(path)
             fh = path.open("w", encoding="utf-8")
             in_chunk, size = 0, max(1, size_after(count - 1))
+        assert fh is not None  # opened above: in_chunk == size == 0 on the first sample
         fh.write(line)
         in_chunk += 1
     if fh:
@@ -156,21 +158,22 @@ def run_pipeline(
 class _ControlCalls:
     """The driver's blocking calls to the run's control actor (``RunControl``)."""
 
-    def __init__(self, actor: Any):
+    def __init__(self, actor: ActorHandle):
         self._actor = actor
 
     def take(self, wait_s: float) -> list[tuple[str, str]]:
-        return ray.get(self._actor.take.remote(wait_s))
+        taken: list[tuple[str, str]] = ray.get(self._actor.take.remote(wait_s))
+        return taken
 
     def state(self) -> dict[str, Any]:
-        return ray.get(self._actor.state.remote())
+        return cast(dict[str, Any], ray.get(self._actor.state.remote()))  # Ray's stubs type it a list
 
     def drain(self) -> None:
         ray.get(self._actor.drain.remote())
 
 
 def collect_records(
-    control: Any,
+    control: _ControlCalls,
     consumer: _Consumer,
     on_result: Callable[[str, SessionSummary], None],
     tick: Callable[[], None],
@@ -237,7 +240,9 @@ class _Consumer:
             raise self._error
 
 
-def _dataset(plan: WorkerPlan, files: list[Path], control: Any, tasks_per_actor: int) -> ray.data.Dataset:
+def _dataset(
+    plan: WorkerPlan, files: list[Path], control: ActorHandle, tasks_per_actor: int
+) -> ray.data.Dataset:
     rc = plan.config.ray
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False  # raygen prints its own progress
@@ -275,6 +280,6 @@ def _dataset(plan: WorkerPlan, files: list[Path], control: Any, tasks_per_actor:
         ),
         num_cpus=rc.num_cpus_per_worker,
         max_task_retries=_TASK_RETRIES,
-        **({"resources": resources} if resources else {}),
+        resources=resources or None,
     )
     return ds

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pydantic import SecretStr
 
 from raygen.config import ChatAPIModelConfig, ModelConfig, RunConfig
+from raygen.tools.mcp_tools import McpServerListing
 
 
 @dataclass
@@ -19,6 +20,10 @@ class WorkerPlan:
     """Travels in the actor's constructor arguments, never in config, records or logs."""
     config_fingerprint: str = ""
     secret_values: list[SecretStr] = field(default_factory=list)
+    mcp_servers: list[McpServerListing] = field(default_factory=list)
+    """The configured MCP servers and the tools the driver's pre-flight listed (``${VAR}`` unresolved)."""
+    mcp_env: dict[str, SecretStr] = field(default_factory=dict)
+    """The driver's values of the variables the MCP servers reference (``RunSecrets.mcp_env``)."""
 
     def model_config(self) -> ModelConfig:
         """The model section as a worker uses it: an unset ``max_connections`` becomes one connection per

@@ -15,10 +15,13 @@ import dataclasses
 import gc
 import json
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
+from ray.actor import ActorHandle
 
+from raygen.distributed.budget_client import BudgetClient
 from raygen.distributed.control_link import ControlLink
 from raygen.distributed.governor import gate_for
 from raygen.distributed.metrics import MeteredGate, WorkerMetrics
@@ -27,21 +30,25 @@ from raygen.distributed.sandbox_governor import sandbox_gate_for, sandbox_key
 from raygen.envs.processes import use_pidfd_child_watcher
 from raygen.input.rows import Sample
 from raygen.model import create_model
+from raygen.model.pricing import CostPolicy, ModelPricing, reserve_completion_tokens
 from raygen.output.shards import jsonl_safe
 from raygen.output.summary import summarize
 from raygen.session.agent import SessionRunner
+from raygen.tools.mcp_session import McpSettings
+from raygen.tools.mcp_tools import mcp_toolset
 from raygen.tools.registry import load_registry
 
 
 class SessionWorker:
-    def __init__(self, plan: WorkerPlan, control: Any):
+    def __init__(self, plan: WorkerPlan, control: ActorHandle):
         self.control = ControlLink(control)
         cfg = plan.config
         self.node = ray.get_runtime_context().get_node_id()
         api_key = plan.api_key.get_secret_value()
         self.metrics = WorkerMetrics(plan.run_name)
+        governor = cfg.governor.bounded(getattr(cfg.model, "retry_max_wait_s", None))
         # One gate per process, leasing capacity from the cluster-wide governor the driver created.
-        gate = MeteredGate(gate_for(cfg.governor, plan.base_url, cfg.model.model, api_key), self.metrics)
+        gate = MeteredGate(gate_for(governor, plan.base_url, cfg.model.model, api_key), self.metrics)
         self.model = create_model(
             plan.model_config(),
             sampling=cfg.sampling,
@@ -54,9 +61,13 @@ class SessionWorker:
         secrets = [s.get_secret_value() for s in plan.secret_values]
         if api_key:
             secrets.append(api_key)
+        registry = load_registry(cfg.tools.plugins)
+        for listing in plan.mcp_servers:
+            registry.add(mcp_toolset(listing), origin=f"MCP server {listing.name}")
         self.runner = SessionRunner(
             model=self.model,
-            registry=load_registry(cfg.tools.plugins),
+            registry=registry,
+            mcp=McpSettings.of(cfg.tools, plan.mcp_servers, plan.mcp_env),
             env_config=cfg.env,
             session=cfg.session,
             run_name=plan.run_name,
@@ -65,6 +76,13 @@ class SessionWorker:
             secret_values=secrets,
             verify_default=cfg.verify.default,
             on_sandbox=self.metrics.sandbox_opened,
+            cost=CostPolicy(
+                ModelPricing.resolve(self.model.name, cfg.pricing),
+                gate=BudgetClient(plan.run_name) if cfg.budget.limits_anything() else None,
+                session_cap_usd=cfg.budget.max_session_cost_usd,
+                reserve_completion_tokens=reserve_completion_tokens(cfg.budget, cfg.sampling),
+            ),
+            agent=cfg.agent,
             sandbox_gate=sandbox_gate_for(cfg.env),
             sandbox_key=sandbox_key(cfg.env, self.node),
         )
@@ -104,14 +122,14 @@ class SessionWorker:
             # Cancelled mid-session (raises only then), the key stays "running": a drain then waits for the
             # task's re-run or its timeout rather than ending while the session's request may be served.
             record = await self.runner.run(sample)
-            self.metrics.session_finished(record.exit_status)
+            self.metrics.session_finished(record.exit_status, record.cost_usd)
             summary = json.dumps(dataclasses.asdict(summarize(record)))
             handed_over.append(self.control.finish(*key, jsonl_safe(record.model_dump_json()), summary))
         finally:
             self.slots.release()
         return True
 
-    async def __call__(self, batch: dict[str, Any]):
+    async def __call__(self, batch: dict[str, Any]) -> AsyncIterator[dict[str, list[int]]]:
         use_pidfd_child_watcher()  # this loop starts every command of this actor's sessions
         handed_over: list[asyncio.Future[None]] = []
         ran = await asyncio.gather(*(self._one(str(t), handed_over) for t in batch["text"]))

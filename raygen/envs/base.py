@@ -20,9 +20,10 @@ from collections.abc import Awaitable, Coroutine, Iterable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
-from raygen.errors import SessionFailure
+from raygen.config_section import Section
+from raygen.errors import ConfigError, SessionFailure
 
 T = TypeVar("T")
 
@@ -40,6 +41,9 @@ class EnvSpec:
     env: dict[str, str] = field(default_factory=dict)
     secret_values: list[str] = field(default_factory=list)
     """Values that must never reach a tool's environment or output."""
+    binds: list[str] = field(default_factory=list)
+    """Host folders shown inside the sandbox at the same path, writable (an agent harness's proxy socket
+    and prompt, ``raygen.agents``); only backends with ``supports_binds`` honour them."""
 
     def env_without_secrets(self) -> dict[str, str]:
         """The row's variables minus any whose value is a secret (the key must not reach a command)."""
@@ -57,7 +61,11 @@ class ExecResult:
     duration_s: float = 0.0
 
 
-class Environment(ABC):
+ConfigT = TypeVar("ConfigT", bound=Section)
+"""The backend's own config section (``DockerEnvConfig`` for ``DockerEnvironment``, ...)."""
+
+
+class Environment(ABC, Generic[ConfigT]):
     backend: ClassVar[str] = ""
     runs_on_node: ClassVar[bool] = True
     """Whether sessions' sandboxes use the node their actor runs on (processes, containers, instances).
@@ -65,6 +73,9 @@ class Environment(ABC):
     confined: ClassVar[bool] = False
     """Whether commands cannot reach the host (a container, an instance, a cloud sandbox, or no processes at
     all); False by default, so a new backend must claim it."""
+    supports_binds: ClassVar[bool] = False
+    """Whether ``EnvSpec.binds`` reach the sandbox (a host folder its commands can use), which an agent
+    harness needs to reach raygen's model proxy (docs/agents.md)."""
     own_root_filesystem: ClassVar[bool] = False
     """Whether each session sees a root file system of its own (its image's), so a task may write absolute
     paths such as ``/tests`` without touching the host or another session."""
@@ -72,7 +83,7 @@ class Environment(ABC):
     # --- class-level hooks: the backend as a whole, not one session ------------------------------------
 
     @classmethod
-    async def prepare(cls, config: Any, images: Iterable[str | None]) -> dict[str, str | None]:
+    async def prepare(cls, config: ConfigT, images: Iterable[str | None]) -> dict[str, str | None]:
         """Image pre-flight, before any model call: per image, None if sessions can use it, else a message
         saying why not (those rows fail without running). ``None`` among ``images`` (rows naming no image)
         stands for the backend's default image, checked too and reported under its own name.
@@ -83,21 +94,21 @@ class Environment(ABC):
         return dict.fromkeys(image for image in images if image)
 
     @classmethod
-    def build_images(cls, config: Any, contexts: Mapping[str, Path]) -> dict[str, str | None]:
+    def build_images(cls, config: ConfigT, contexts: Mapping[str, Path]) -> dict[str, str | None]:
         """Build each image tag from its build context (a folder with a Dockerfile), skipping tags that
         exist; per tag None or why the build failed. Blocking; before any model call. Default: the backend
         builds nothing (its pre-flight then reports images it cannot find)."""
         return dict.fromkeys(contexts)
 
     @classmethod
-    def reap(cls, config: Any, run_name: str | None) -> int:
+    def reap(cls, config: ConfigT, run_name: str | None) -> int:
         """Remove what sessions of ``run_name`` (of every run when None) left on this node after a killed
         worker or driver; returns how many were removed. Blocking; for ``raygen clean`` and the start and
         end of a run. Default: nothing outlives a session (0)."""
         return 0
 
     @classmethod
-    def confines_destructive_rows(cls, config: Any) -> bool:
+    def confines_destructive_rows(cls, config: ConfigT) -> bool:
         """Whether a row marked ``needs_isolation`` cannot harm the host with this configuration (a
         backend whose confinement is optional decides from ``config``). Default: ``confined``."""
         return cls.confined
@@ -185,6 +196,16 @@ class Environment(ABC):
     async def exec(self, command: str, timeout_s: float, max_output_chars: int) -> ExecResult:
         """Run a shell command in the session's cwd. A timeout kills the command and all its children."""
 
+    async def open_process(self, argv: list[str], env: dict[str, str], cwd: str | None) -> EnvProcess:
+        """Start a long-lived process in the session's environment with its stdin and stdout as byte
+        streams (an MCP stdio server): ``env`` is added to the session's command environment, ``cwd`` is
+        taken like a row's (default the session's cwd). Leaving its ``async with`` (or ``close``) stops
+        its whole process group; closing the environment stops it too. Default: not supported."""
+        raise ConfigError(
+            f"env.type={self.backend} cannot run a stdio MCP server in a session; use local or docker, "
+            "or an HTTP server (url)"
+        )
+
     @abstractmethod
     async def read_file(self, path: str) -> bytes:
         """Read a file (relative paths from cwd). Raises FileNotFoundError / IsADirectoryError."""
@@ -203,6 +224,42 @@ class Environment(ABC):
         except BaseException:
             await self.close()
             raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class EnvProcess(ABC):
+    """A process started by ``Environment.open_process``: write to its stdin, read its stdout by lines;
+    its stderr is kept as a bounded tail for messages. ``close`` is idempotent and stops every process
+    the server started, whatever state it is in."""
+
+    @abstractmethod
+    async def write(self, data: bytes) -> None:
+        """Send bytes to its stdin; ``ConnectionError`` once it is gone."""
+
+    @abstractmethod
+    async def readline(self) -> bytes:
+        """The next line of its stdout (with the newline); ``b""`` at its end."""
+
+    @abstractmethod
+    def stderr_tail(self) -> str:
+        """The last few hundred characters it wrote to stderr (for messages)."""
+
+    @abstractmethod
+    def exited(self) -> bool:
+        """Whether the process has ended."""
+
+    def exit_code(self) -> int | None:
+        """How it ended, where the backend knows (None while it runs or when unknown)."""
+        return None
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Stop it and everything it started."""
+
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -52,10 +52,19 @@ def _host_mounts(extra: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ..
 
 
 def sandbox_argv(
-    bwrap: str, workdir: str, cwd: str, flags: tuple[str, ...], extra: tuple[str, ...]
+    bwrap: str,
+    workdir: str,
+    cwd: str,
+    flags: tuple[str, ...],
+    extra: tuple[str, ...],
+    binds: tuple[str, ...] = (),
 ) -> list[str]:
-    """The bwrap command line that runs what follows ``--`` in the session's sandbox."""
+    """The bwrap command line that runs what follows ``--`` in the session's sandbox; ``binds`` are host
+    folders shown writable at the same path (``EnvSpec.binds``)."""
     mounts, _ = _host_mounts(extra)
+    writable = [arg for path in binds for arg in ("--bind", path, path)]
+    # /tmp is the session's own: read-only extras under it (a harness's venv) go on top of it.
+    in_tmp = [a for p in extra if p.startswith("/tmp/") and os.path.lexists(p) for a in ("--ro-bind", p, p)]
     # Order matters: later mounts win, so the workdir stays visible even when it lives under /tmp.
     return [
         bwrap,
@@ -63,7 +72,9 @@ def sandbox_argv(
         "--dev", "/dev",
         "--proc", "/proc",
         "--bind", f"{workdir}/tmp", "/tmp",
+        *in_tmp,
         "--bind", workdir, workdir,
+        *writable,
         *flags,
         "--chdir", cwd,
         "--",

@@ -40,9 +40,11 @@ from typing import Any
 from raygen.envs.base import Environment, EnvSpec, ExecResult, image_names
 from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.configs import DockerEnvConfig
+from raygen.envs.docker_attach import DockerProcess
 from raygen.envs.docker_channel import CHANNEL_COMMAND, attach_stdin, channel_over
 from raygen.envs.docker_engine import (
     build_missing_images,
+    container_gone,
     container_options,
     ensure_images,
     get_client_async,
@@ -70,8 +72,6 @@ KEEPALIVE_COMMAND = ["sleep", "2147483647"]
 """PID 1's child: sleeps ~68 years; busybox's ``sleep`` has no ``infinity``."""
 _MAX_SYMLINK_HOPS = 16
 _GO_MODE_DIR = 1 << 31  # Docker reports Go's os.FileMode in the archive stat header
-
-
 # Prepare a write: create the parent; exit 2 if the target is a directory.
 _PREPARE_WRITE_SCRIPT = 'mkdir -p -- "$1" || exit 1; [ -d "$2" ] && exit 2; exit 0'
 
@@ -80,11 +80,12 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:40] or "x"
 
 
-class DockerEnvironment(Environment):
+class DockerEnvironment(Environment[DockerEnvConfig]):
     """One session's container (see the module docstring for the guarantees and how timeouts kill)."""
 
     backend = "docker"
     confined = True
+    supports_binds = True
     extra_labels: dict[str, str] = {}
     own_root_filesystem = True
 
@@ -147,7 +148,7 @@ class DockerEnvironment(Environment):
             LABEL_OWNER_HOST: socket.gethostname(),
             **self.extra_labels,
         }
-        options = container_options(self.config, self.container_name, labels, self.cwd)
+        options = container_options(self.config, self.container_name, labels, self.cwd, self.spec.binds)
         command = CHANNEL_COMMAND if self.config.exec_channel else KEEPALIVE_COMMAND
         try:
             # create + start, never ``run``: run would pull a missing image behind the pull policy's back.
@@ -290,6 +291,9 @@ class DockerEnvironment(Environment):
         if code != 0 and not self.closed:  # while closing, the container's removal does the killing
             log.warning("could not kill a timed-out command (exit %s): %r", code, output[:300])
 
+    async def open_process(self, argv: list[str], env: dict[str, str], cwd: str | None) -> DockerProcess:
+        return await DockerProcess.start(self, argv, {**self._env, **env}, self._absolute(cwd or "."))
+
     # --- files ------------------------------------------------------------------------------------------
 
     def _absolute(self, path: str) -> str:
@@ -313,7 +317,7 @@ class DockerEnvironment(Environment):
         try:
             stream, stat = self._client.api.get_archive(container_id, target)
         except errors.NotFound as exc:
-            if _container_gone(exc):
+            if container_gone(exc):
                 raise self._lost(exc) from exc
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", shown_path) from exc
         except errors.APIError as exc:  # e.g. a path the engine cannot read: the tool's problem
@@ -367,14 +371,8 @@ class DockerEnvironment(Environment):
                 self.config, self._client.api.put_archive, container_id, parent, archive.getvalue()
             )
         except errors.APIError as exc:  # e.g. a read-only mount: the tool's problem
-            if _container_gone(exc):
+            if container_gone(exc):
                 raise self._lost(exc) from exc
             raise OSError(errno.EIO, f"cannot write: {exc.explanation or exc}", path) from exc
         except (errors.DockerException, OSError) as exc:
             raise self._lost(exc) from exc
-
-
-def _container_gone(exc: Any) -> bool:
-    # 404 means either "no such container" or "no such path in it"; 409 means "container not running".
-    text = str(getattr(exc, "explanation", None) or exc).lower()
-    return "no such container" in text or "is not running" in text

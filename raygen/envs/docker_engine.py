@@ -244,8 +244,17 @@ def forget_images() -> None:
     _image_locks.clear()
 
 
-def container_options(config: Any, name: str, labels: dict[str, str], cwd: str) -> dict[str, Any]:
-    """``containers.create`` options of a session's container (see DockerEnvironment)."""
+def container_gone(exc: Any) -> bool:
+    # 404 means either "no such container" or "no such path in it"; 409 means "container not running".
+    text = str(getattr(exc, "explanation", None) or exc).lower()
+    return "no such container" in text or "is not running" in text
+
+
+def container_options(
+    config: Any, name: str, labels: dict[str, str], cwd: str, binds: Iterable[str] = ()
+) -> dict[str, Any]:
+    """``containers.create`` options of a session's container (see DockerEnvironment); ``binds``: host
+    folders shown at the same path inside (an agent harness's seat, EnvSpec.binds)."""
     docker = import_docker()
     options: dict[str, Any] = {
         "name": name,
@@ -264,11 +273,11 @@ def container_options(config: Any, name: str, labels: dict[str, str], cwd: str) 
         options["mem_limit"] = config.memory
     if config.pids_limit is not None:
         options["pids_limit"] = config.pids_limit
-    if config.mounts:
-        options["mounts"] = [_bind_mount(docker, mount) for mount in config.mounts]
+    if mounts := [*config.mounts, *(f"{path}:{path}" for path in binds)]:
+        options["mounts"] = [bind_mount(docker, mount) for mount in mounts]
     return options
 
 
-def _bind_mount(docker: Any, spec: str) -> Any:
+def bind_mount(docker: Any, spec: str) -> Any:
     source, target, *mode = spec.split(":")
     return docker.types.Mount(target=target, source=source, type="bind", read_only=mode == ["ro"])

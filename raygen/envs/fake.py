@@ -165,7 +165,7 @@ def _printf(fmt: str, args: list[str]) -> tuple[str, str]:
             return "".join(out), "".join(err)
 
 
-class FakeEnvironment(Environment):
+class FakeEnvironment(Environment[FakeEnvConfig]):
     """In-memory filesystem (absolute path -> bytes) plus the shell subset above."""
 
     backend = "fake"

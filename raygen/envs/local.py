@@ -45,6 +45,7 @@ from raygen.envs.processes import (
     write_file,
 )
 from raygen.envs.spawner_client import RequestTooLarge, SpawnerUnavailable, run_spawned
+from raygen.envs.stdio_process import HostProcess
 from raygen.errors import SessionFailure
 from raygen.formats.scrub import looks_secret
 
@@ -136,10 +137,11 @@ def _warn_once(kind: str, message: str, *args: object) -> None:
         log.warning(message, *args)
 
 
-class LocalEnvironment(Environment):
+class LocalEnvironment(Environment[LocalEnvConfig]):
     """One session's private workdir on this host (see the module docstring for what it guarantees)."""
 
     backend = "local"
+    supports_binds = True  # without bwrap every host path is there anyway
 
     @classmethod
     def confines_destructive_rows(cls, config: LocalEnvConfig) -> bool:
@@ -203,7 +205,9 @@ class LocalEnvironment(Environment):
             return ["bash", "-c", command]
         extra = tuple(self.config.bwrap_ro_binds)
         return [
-            *sandbox_argv(self._bwrap, str(self.workdir), str(cwd), BWRAP_FLAGS, extra),
+            *sandbox_argv(
+                self._bwrap, str(self.workdir), str(cwd), BWRAP_FLAGS, extra, tuple(self.spec.binds)
+            ),
             "bash",
             "-c",
             command,
@@ -261,6 +265,27 @@ class LocalEnvironment(Environment):
         else:
             exit_code = 128 - returncode if returncode < 0 else returncode  # killed by a signal, like bash
         return exec_result(exit_code, out, err, timed_out, duration)
+
+    async def open_process(self, argv: list[str], env: dict[str, str], cwd: str | None) -> HostProcess:
+        """A server process of the session: in its workdir, with the session's scrubbed environment, under
+        the subreaper (or inside the session's bubblewrap sandbox), its group stopped at ``close``."""
+        where = self._require_open() if cwd is None else self._inside_root(cwd)
+        where.mkdir(parents=True, exist_ok=True)
+        if self._bwrap:
+            full = [*sandbox_argv(self._bwrap, str(self.workdir), str(where), BWRAP_FLAGS,
+                                  tuple(self.config.bwrap_ro_binds)), *argv]  # fmt: skip
+        else:
+            full = [*subreaper_prefix(), *argv] if self.config.subreaper else list(argv)
+        # The server's own variables are kept even when secret (a token it needs): they were configured
+        # for it, by name (docs/tools.md says what a command of the same session can see).
+        return await HostProcess.start(
+            full, env={**self._env, **env}, cwd=where, groups=self._process_groups, whole_tree=not self._bwrap
+        )
+
+    def _inside_root(self, cwd: str) -> Path:
+        # As for a row's cwd: re-rooted under root/, never climbing out of the workdir.
+        inside = posixpath.normpath(posixpath.join("/", cwd)).lstrip("/")
+        return self.workdir / "root" / inside
 
     def _host_path(self, path: str, for_write: bool) -> Path:
         cwd = self._require_open()

@@ -77,7 +77,7 @@ async def _lookup_app(modal: Any, config: ModalEnvConfig) -> Any:
     return app
 
 
-class ModalEnvironment(Environment):
+class ModalEnvironment(Environment[ModalEnvConfig]):
     """One session's Modal sandbox (see the module docstring for the guarantees)."""
 
     backend = "modal"

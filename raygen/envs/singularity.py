@@ -118,7 +118,7 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder + "/")
 
 
-class SingularityEnvironment(Environment):
+class SingularityEnvironment(Environment[SingularityEnvConfig]):
     """One session's apptainer instance (see the module docstring for the guarantees)."""
 
     backend = "singularity"

@@ -36,9 +36,10 @@ from raygen.eval.sections import (
     tools_section,
 )
 from raygen.eval.strata import StratifiedSampler
+from raygen.eval.tokens import template_check_section
 from raygen.eval.viewer import embed_json, viewer_entry
 from raygen.output.filters import OUTCOMES
-from raygen.output.run_dir import REPORT_FILE, RunDir
+from raygen.output.run_dir import REPORT_FILE, TEMPLATE_CHECK_FILE, RunDir
 from raygen.output.shards import RecordReader
 
 DEFAULT_SAMPLE = 500
@@ -55,6 +56,7 @@ _NAV = (
     ("reasoning", "Reasoning"),
     ("failures", "Rejections & failures"),
     ("rewards", "Rewards"),
+    ("tokens", "Tokens"),
     ("viewer", "Trajectories"),
 )
 
@@ -179,6 +181,7 @@ def build_report(
         + reasoning_section(stats)
         + failures_section(stats)
         + rewards_section(stats)
+        + template_check_section(_template_check(info.run_dir))
         + _viewer_section(entries, sampler, seed, sample_size)
         + "</main>"
     )
@@ -191,6 +194,17 @@ def build_report(
     # One pass: text inserted for one marker is never searched for another.
     html = _MARKER.sub(lambda m: values[m.group(1)], template)
     return html, sum(counts.records.values()), len(entries)
+
+
+def _template_check(run_dir: RunDir) -> dict[str, Any] | None:
+    """The last ``raygen export --check`` of the run, if any (an unreadable one is shown as none)."""
+    if not run_dir.exists(TEMPLATE_CHECK_FILE):
+        return None
+    try:
+        check = run_dir.read_json(TEMPLATE_CHECK_FILE)
+    except (OSError, ValueError):
+        return None
+    return check if isinstance(check, dict) else None
 
 
 def _where(run_dir: RunDir) -> str:

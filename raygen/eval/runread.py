@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raygen.errors import ConfigError, failure_kind
+from raygen.formats.records import check_format_version
 from raygen.output.filters import FAILED, KEPT, OUTCOMES, REJECTED
 from raygen.output.run_dir import DATA_DIR, FAILED_DIR, MANIFEST_FILE, REJECTED_DIR, STATISTICS_FILE, RunDir
 from raygen.output.shards import ShardPos
@@ -124,5 +125,6 @@ def iter_run_records(
                     if not isinstance(record, dict):
                         counts.unparseable_lines += 1
                         continue
+                    check_format_version(record, f"{path_str}:{number}")
                     counts.records[outcome] += 1
                     yield RunRecord(record, outcome, _reason(record, outcome), pos, number)

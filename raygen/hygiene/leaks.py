@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from raygen.formats.scrub import Scrubber
-from raygen.hygiene.scan import iter_valid_rows
 from raygen.output.run_dir import RunDir
 
 _SKIPPED_SUFFIXES = (".parquet",)
@@ -27,19 +26,6 @@ def host_secret_values(names: Iterable[str], environ: Mapping[str, str] | None =
     """Values of the named variables in the driver's environment (unset or empty ones are skipped)."""
     environ = os.environ if environ is None else environ
     return [environ[name] for name in names if environ.get(name)]
-
-
-def row_secret_values(path: str | Path, names: Iterable[str], limit: int | None = None) -> set[str]:
-    """Values of the named ``env`` variables of the dataset's valid rows (the first ``limit``)."""
-    wanted = set(names)
-    if not wanted:
-        return set()
-    return {
-        value
-        for _, row in iter_valid_rows(Path(path), limit)
-        for name, value in row.env.items()
-        if name in wanted and value
-    }
 
 
 def _pattern(values: Iterable[str]) -> re.Pattern[bytes] | None:

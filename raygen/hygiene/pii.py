@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cache
 
 import phonenumbers
-from phonenumbers import Leniency, PhoneNumberMatcher
+from phonenumbers import Leniency, PhoneMetadata, PhoneNumberMatcher
 
 EMAIL = re.compile(
     r"(?<![\w.%+\-])([A-Za-z0-9][A-Za-z0-9._%+\-]{0,63})@"
@@ -85,12 +86,52 @@ def find_cards(text: str) -> list[PiiHit]:
     return hits
 
 
+# libphonenumber's matcher costs ~0.1 ms per string even on text without a digit, and prompts are mostly
+# code, so it runs only on windows around digit runs long enough to hold a valid number (with context on
+# both sides: what the matcher sees around a number, a leading "+" or a letter that rules a match out, is
+# what it would see in the whole text). tests/hygiene/test_secrets_pii.py checks that the windows find
+# what the whole text finds.
+_DIGIT_RUN = re.compile(r"\d(?:[^\S\n]{0,3}[\-./()\u2010-\u2015\uff0d]{0,2}[^\S\n]{0,3}\d)+")
+_WINDOW_CONTEXT = 40
+
+
+@cache
+def _min_digits(region: str | None) -> int:
+    """The fewest digits a valid number can have: an international one (country code + the shortest
+    national number of any region), or a national one of ``region``."""
+    shortest = min(
+        len(str(meta.country_code)) + min(lengths)
+        for meta in map(PhoneMetadata.metadata_for_region, phonenumbers.SUPPORTED_REGIONS)
+        if meta is not None and (lengths := [n for n in meta.general_desc.possible_length if n > 0])
+    )
+    meta = PhoneMetadata.metadata_for_region(region.upper()) if region else None
+    if meta is not None:
+        shortest = min(shortest, min(n for n in meta.general_desc.possible_length if n > 0))
+    return shortest
+
+
+def _phone_windows(text: str, region: str | None) -> list[tuple[int, int]]:
+    """Spans of ``text`` that may hold a phone number, merged where they touch."""
+    windows: list[tuple[int, int]] = []
+    fewest = _min_digits(region)
+    for m in _DIGIT_RUN.finditer(text):
+        if sum(c.isdigit() for c in m.group(0)) < fewest:
+            continue
+        start, end = max(0, m.start() - _WINDOW_CONTEXT), min(len(text), m.end() + _WINDOW_CONTEXT)
+        if windows and start <= windows[-1][1]:
+            windows[-1] = (windows[-1][0], end)
+        else:
+            windows.append((start, end))
+    return windows
+
+
 def find_phones(text: str, region: str | None = "US") -> list[PiiHit]:
     """Valid phone numbers (libphonenumber); ``region`` reads numbers without a country code."""
-    return [
-        PiiHit("phone", match.start, match.end)
-        for match in PhoneNumberMatcher(text, region, leniency=Leniency.VALID)
-    ]
+    hits = []
+    for start, end in _phone_windows(text, region):
+        for match in PhoneNumberMatcher(text[start:end], region, leniency=Leniency.VALID):
+            hits.append(PiiHit("phone", start + match.start, start + match.end))
+    return hits
 
 
 def find_pii(text: str, region: str | None = "US") -> list[PiiHit]:

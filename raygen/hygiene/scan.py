@@ -185,6 +185,28 @@ def scan_text(text: str, config: HygieneConfig) -> Iterator[tuple[str, str, str]
                 yield PII, pii.kind, mask_pii(pii.kind, text[pii.start : pii.end])
 
 
+class _ShortTextMemo:
+    """``scan_text`` remembered for the short strings beside the prompt: metadata values (categories,
+    difficulties, sources), ``cwd`` and ``env`` values repeat on most rows of a prompts file, and each
+    costs as much to scan as a short prompt. (Prompts are scanned each time: they rarely repeat.)"""
+
+    MAX_CHARS, MAX_ENTRIES = 200, 50_000
+
+    def __init__(self, config: HygieneConfig):
+        self.config = config
+        self.seen: dict[str, list[tuple[str, str, str]]] = {}
+
+    def scan(self, text: str) -> list[tuple[str, str, str]]:
+        if len(text) > self.MAX_CHARS:
+            return list(scan_text(text, self.config))
+        found = self.seen.get(text)
+        if found is None:
+            found = list(scan_text(text, self.config))
+            if len(self.seen) < self.MAX_ENTRIES:
+                self.seen[text] = found
+        return found
+
+
 def iter_valid_rows(path: Path, limit: int | None = None) -> Iterator[tuple[int, PromptRow]]:
     """``(line, row)`` of the valid rows of a prompts file, the first ``limit`` of them if given."""
     try:
@@ -203,6 +225,50 @@ def iter_valid_rows(path: Path, limit: int | None = None) -> Iterator[tuple[int,
                 return
 
 
+class HygieneScan:
+    """The hygiene scan fed row by row, so the driver's validation pass does it too (one read of the
+    dataset for both): ``add`` each valid row, then ``finish`` for the report."""
+
+    def __init__(self, path: str | Path, config: HygieneConfig | None = None, secret_env: Iterable[str] = ()):
+        self.config = config = config or HygieneConfig()
+        if not phone_region_valid(config.phone_region):
+            raise ConfigError(
+                f"hygiene.phone_region {config.phone_region!r}: not a region libphonenumber knows"
+            )
+        self.path = str(path)
+        self.report = HygieneReport(path=self.path)
+        self.index = None
+        if config.eval_set is not None:
+            # Imported only when needed: datasketch pulls in scipy, seconds of start-up for every run.
+            from raygen.hygiene.overlap import EvalIndex
+
+            self.index = EvalIndex.from_file(
+                config.eval_set, config.eval_field, config.near_duplicate_threshold
+            )
+            self.report.eval_set, self.report.eval_rows = str(config.eval_set), self.index.rows
+        self.skip_env = set(secret_env)
+        self.memo = _ShortTextMemo(config)
+        self.rules = default_rules()
+        self.unsafe: Counter[str] = Counter()
+
+    def add(self, line: int, row: PromptRow) -> None:
+        report = self.report
+        report.rows += 1
+        before = report.finding_count + report.overlap_count
+        for where, text in _row_strings(row, self.skip_env):
+            found = scan_text(text, self.config) if where == "prompt" else self.memo.scan(text)
+            for category, kind, masked in found:
+                report.add_finding(HygieneFinding(self.path, line, where, category, kind, masked))
+        if self.index is not None and (match := self.index.match(row.prompt)) is not None:
+            report.add_overlap(OverlapFinding(self.path, line, match.kind, match.eval_line, match.similarity))
+        report.rows_with_findings += report.finding_count + report.overlap_count > before
+        self.unsafe.update({rule.label for rule in self.rules.check("terminal", {"command": row.prompt})})
+
+    def finish(self) -> HygieneReport:
+        self.report.unsafe_commands = dict(sorted(self.unsafe.items()))
+        return self.report
+
+
 def scan_hygiene(
     path: str | Path,
     config: HygieneConfig | None = None,
@@ -214,30 +280,7 @@ def scan_hygiene(
 
     ``secret_env`` names ``env`` variables whose values are declared secret and therefore not findings.
     """
-    config = config or HygieneConfig()
-    if not phone_region_valid(config.phone_region):
-        raise ConfigError(f"hygiene.phone_region {config.phone_region!r}: not a region libphonenumber knows")
-    path = Path(path)
-    report = HygieneReport(path=str(path))
-    index = None
-    if config.eval_set is not None:
-        # Imported only when needed: datasketch pulls in scipy, seconds of start-up for every run.
-        from raygen.hygiene.overlap import EvalIndex
-
-        index = EvalIndex.from_file(config.eval_set, config.eval_field, config.near_duplicate_threshold)
-        report.eval_set, report.eval_rows = str(config.eval_set), index.rows
-    skip_env = set(secret_env)
-    rules = default_rules()
-    unsafe: Counter[str] = Counter()
-    for line, row in iter_valid_rows(path, limit):
-        report.rows += 1
-        before = report.finding_count + report.overlap_count
-        for where, text in _row_strings(row, skip_env):
-            for category, kind, masked in scan_text(text, config):
-                report.add_finding(HygieneFinding(str(path), line, where, category, kind, masked))
-        if index is not None and (match := index.match(row.prompt)) is not None:
-            report.add_overlap(OverlapFinding(str(path), line, match.kind, match.eval_line, match.similarity))
-        report.rows_with_findings += report.finding_count + report.overlap_count > before
-        unsafe.update({rule.label for rule in rules.check("terminal", {"command": row.prompt})})
-    report.unsafe_commands = dict(sorted(unsafe.items()))
-    return report
+    scan = HygieneScan(path, config, secret_env)
+    for line, row in iter_valid_rows(Path(path), limit):
+        scan.add(line, row)
+    return scan.finish()

@@ -14,8 +14,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
 from raygen.input.verify_spec import VerifySpec
+from raygen.tools.mcp_config import SERVER_NAME, McpServerConfig, unwrap_servers
 
-ROW_FIELDS = ("prompt", "id", "category", "image", "cwd", "env", "toolsets", "metadata", "verify")
+ROW_FIELDS = (
+    "prompt", "id", "category", "image", "cwd", "env", "toolsets", "metadata", "verify", "mcp_servers",
+)  # fmt: skip
 
 
 class PromptRow(BaseModel):
@@ -39,6 +42,9 @@ class PromptRow(BaseModel):
     """Toolsets for this row, overriding the distribution's draw."""
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Passed through untouched."""
+    mcp_servers: dict[StrictStr, McpServerConfig] | None = None
+    """MCP servers of this row only (the inner shape of ``mcpServers``), started before its first model
+    call; their tools are added to what the row is offered."""
     verify: VerifySpec | None = None
     """The row's hidden check (``raygen/verify``). Not part of the sample's identity: fixing a flaky
     check keeps the samples, and ``raygen rescore`` grades them again."""
@@ -49,6 +55,17 @@ class PromptRow(BaseModel):
         if not v.strip():
             raise ValueError("prompt is empty")
         return v
+
+    @field_validator("mcp_servers", mode="before")
+    @classmethod
+    def _servers(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        servers = unwrap_servers(v, "mcp_servers")
+        bad = [name for name in servers if not isinstance(name, str) or not SERVER_NAME.match(name)]
+        if bad:
+            raise ValueError(f"server name {bad[0]!r} must be 1-48 letters, digits, '_' or '-'")
+        return servers
 
     @field_validator("cwd")
     @classmethod
@@ -81,6 +98,8 @@ class PromptRow(BaseModel):
             "toolsets": self.toolsets,
             "id": self.id,
         }
+        if self.mcp_servers:  # only when set: rows without servers keep their keys
+            canonical["mcp_servers"] = {k: v.model_dump(mode="json") for k, v in self.mcp_servers.items()}
         blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 

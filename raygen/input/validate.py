@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -48,7 +48,8 @@ class Finding:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.field}: {self.message}"
+        where = f"{self.path}:{self.line}" if self.line else self.path  # line 0: a file with no lines
+        return f"{where}: {self.field}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -358,10 +359,15 @@ def _open(path: Path) -> BinaryIO:
         raise InputError(f"cannot read dataset {path}: {exc.strerror or exc}") from exc
 
 
-def scan_dataset(path: str | Path, known_toolsets: set[str] | None = None) -> DatasetReport:
+def scan_dataset(
+    path: str | Path,
+    known_toolsets: set[str] | None = None,
+    on_row: Callable[[int, PromptRow], None] | None = None,
+) -> DatasetReport:
     """Check every line of a prompts JSONL file; never stops at the first problem.
 
-    ``known_toolsets``, if given, also checks each row's ``toolsets`` names.
+    ``known_toolsets``, if given, also checks each row's ``toolsets`` names. ``on_row(line, row)`` sees
+    each row that parsed (as ``iter_valid_rows`` yields them), so other checks share this read.
     """
     path = Path(path)
     report = DatasetReport(path=str(path))
@@ -398,6 +404,8 @@ def scan_dataset(path: str | Path, known_toolsets: set[str] | None = None) -> Da
                 else:
                     first_line_of_id[raw_id] = line
             row = parsed.row
+            if row is not None and on_row is not None:
+                on_row(line, row)
             if row is not None and known_toolsets is not None:
                 problems.extend(_toolset_problems(str(path), line, row, known_toolsets))
             for problem in problems:

@@ -58,7 +58,7 @@ class RelativePath(str):
 class VerifySpec(BaseModel):
     """How a session's result is checked after the agent has finished."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
 
     files: dict[str, str] = Field(default_factory=dict)
     """Hidden files (relative path -> text) written only at grading time, over whatever is there."""
@@ -94,6 +94,8 @@ class VerifySpec(BaseModel):
     def _command_not_empty(cls, v: str | None) -> str | None:
         if v is not None and not v.strip():
             raise ValueError("command is empty")
+        if v is not None and "\x00" in v:  # no process can be started with it: an error of the row now
+            raise ValueError("contains a NUL character, which no command line can hold")
         return v
 
     @field_validator("python")

@@ -28,8 +28,31 @@ class Completion:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str | None = None
+    cached_tokens: int = 0
+    """Prompt tokens served from the provider's cache (``usage.prompt_tokens_details.cached_tokens``)."""
+    reasoning_tokens: int = 0
+    """Completion tokens spent on reasoning (``usage.completion_tokens_details.reasoning_tokens``)."""
+    cost_usd: float | None = None
+    """The call's cost as the provider reported it (OpenRouter's ``usage.cost``); None when it did not."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Provider details worth keeping (e.g. the OpenRouter provider that served the call)."""
+    tokens: TokenCapture | None = None
+    """Token ids, logprobs and the model version the response named, when it sent any."""
+
+
+@dataclass
+class TokenCapture:
+    """What a response said about tokens and weights besides the message (all optional)."""
+
+    model: str | None = None
+    system_fingerprint: str | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    tokens: list[str] | None = None
+    """The text of each token the logprobs name."""
+    top_logprobs: list[list[dict[str, Any]]] | None = None
+    """Per token: ``[{"token", "logprob"}, ...]``."""
 
 
 class ChatModel(ABC):

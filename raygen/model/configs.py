@@ -12,6 +12,22 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from raygen.config_section import Section as _Section
+from raygen.config_section import refuse_non_finite
+
+
+class PriceConfig(_Section):
+    """A model's price in USD per million tokens (``pricing.<model>``), as the provider bills it."""
+
+    input: float = Field(ge=0)
+    """Prompt tokens not served from the provider's prompt cache."""
+    output: float = Field(ge=0)
+    """Completion tokens (reasoning tokens included unless ``reasoning`` is set)."""
+    cached_input: float | None = Field(None, ge=0)
+    """Prompt tokens the provider reports as cached (``usage.prompt_tokens_details.cached_tokens``); unset:
+    the ``input`` price."""
+    reasoning: float | None = Field(None, ge=0)
+    """Reasoning tokens (``usage.completion_tokens_details.reasoning_tokens``), where billed apart; unset: the
+    ``output`` price."""
 
 
 class SimConfig(_Section):
@@ -40,6 +56,10 @@ class SimConfig(_Section):
     rate_limit_burst: float | None = None
     """Burst capacity of the rate limit's token bucket (requests); unset: one second's worth of the rate,
     at least 1."""
+    rate_limit_headers: bool = True
+    """Send OpenAI-style ``x-ratelimit-*`` headers with every answer. Off: like many self-hosted gateways
+    and OpenAI-compatible hosts, the limit shows only as a 429 with ``Retry-After`` (and
+    ``retry-after-ms``), which is all the governor needs to learn it."""
     error_rate: float = 0.0
     """Share of requests answered with a 5xx error."""
     hallucinate_rate: float = 0.0
@@ -70,6 +90,13 @@ class SimConfig(_Section):
     every prompt gets the probe script."""
     solve_rate: float = Field(0.5, ge=0, le=1)
     """Share of coding sessions (drawn per prompt and request ``seed``) that write the reference solution."""
+    reported_price: PriceConfig | None = None
+    """Report each answer's cost in ``usage.cost`` (USD) at this price, as OpenRouter does, e.g.
+    ``{input: 0.1, output: 0.3}``; unset: no cost field (docs/cost.md)."""
+    tokenizer: str | None = None
+    """A Hugging Face tokenizer (local folder, or a name in the local cache) whose chat template renders
+    the token ids the simulator returns when asked (``sampling.return_token_ids``, ``logprobs``), as vLLM
+    serving that model would; needs ``raygen[export]``. Unset: stand-in ids (raygen/sim/tokens.py)."""
 
 
 class ChatAPIModelConfig(_Section):
@@ -81,11 +108,14 @@ class ChatAPIModelConfig(_Section):
     model: str = "raygen-sim"
     """Model name sent with each request."""
     timeout_s: float = 600.0
-    """Timeout of one model request, in seconds."""
+    """Timeout of one model request (one HTTP attempt: send, wait, read, parse), in seconds. The wait for
+    the rate governor before it is not part of it."""
     max_retries: int = 8
     """Retries of one request on 429, 5xx, timeouts and connection errors before the session fails."""
     retry_max_wait_s: float = 120.0
-    """Longest wait between two retries (Retry-After from the provider is honoured up to this)."""
+    """Longest wait between two retries (Retry-After from the provider is honoured up to this). Also the
+    longest the rate governor pauses the cluster (``governor.max_pause_s`` is capped at it): one answer
+    never holds anyone else longer than its own request may wait."""
     max_connections: int | None = Field(None, ge=1)
     """Most HTTP connections to the endpoint per session actor; a request beyond them waits for a free one.
     Unset: ``ray.sessions_per_worker`` (a session has at most one model request in flight)."""
@@ -136,10 +166,47 @@ class SamplingConfig(_Section):
     """Sampling temperature; unset uses the provider's default."""
     seed: int | None = None
     """Sampling seed passed to the provider (where supported)."""
+    logprobs: bool = False
+    """Ask for the logprob of each reply token (``logprobs: true``); each turn of the record then carries
+    them (``turns[].logprobs``, about 20 bytes a token in the JSON)."""
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    """Also ask for this many most likely alternatives per reply token (``top_logprobs``; implies
+    ``logprobs``). Large: about 60 bytes per alternative and token."""
+    return_token_ids: bool = False
+    """Ask an endpoint that supports it (vLLM's ``return_token_ids``) for the prompt's and the reply's
+    token ids; kept per turn (the prompt's only from where it extends the previous turn), for token-in /
+    token-out training exports (docs/exports.md). Endpoints that ignore it leave the ids empty."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Provider-specific options merged into each request body, e.g. an OpenRouter route
     ``{provider: {order: [...], allow_fallbacks: false}}`` or ``{reasoning: {effort: high}}``.
     Recorded in the manifest."""
+
+    @field_validator("extra_body")
+    @classmethod
+    def _finite(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return refuse_non_finite(v)
+
+
+class BudgetConfig(_Section):
+    """Hard limits on what a run may spend, counted cluster-wide over all its passes and resumes, none of
+    them part of the generation fingerprint (docs/cost.md)."""
+
+    max_cost_usd: float | None = Field(None, gt=0)
+    """``--max-cost``: no model call starts unless the run's spend plus the calls in flight stays under this
+    (USD); at it the run stops admitting, finishes, merges and exits 75. Needs the model's price."""
+    max_tokens: int | None = Field(None, gt=0)
+    """``--max-tokens``: the same limit in tokens (prompt + completion) over the whole run; the per-call
+    completion limit is ``sampling.max_tokens``."""
+    max_session_cost_usd: float | None = Field(None, gt=0)
+    """``--max-session-cost``: a session whose next call could take it past this ends with
+    ``error:session_cost_cap`` (final; its trajectory so far is kept in ``failed/``)."""
+    reserve_completion_tokens: int | None = Field(None, ge=0)
+    """Completion tokens each call reserves from a budget before it is sent (with its prompt, estimated at 4
+    characters a token); unset: ``sampling.max_tokens``, else 4096. The overshoot of a budget is bounded by
+    what the calls in flight spend beyond their reservations (docs/cost.md)."""
+
+    def limits_anything(self) -> bool:
+        return self.max_cost_usd is not None or self.max_tokens is not None
 
 
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]

@@ -7,17 +7,20 @@ from a Ray actor; ``OpenGate`` is used when no limits are configured and in Ray-
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
+
+Permit = object
+"""What ``acquire`` returned, handed back to ``release`` unread by the caller: each gate its own token."""
 
 
 class RateGate(Protocol):
-    async def acquire(self, est_tokens: int) -> Any:
+    async def acquire(self, est_tokens: int) -> Permit:
         """Wait until a request of about ``est_tokens`` (prompt + completion) may be sent."""
         ...
 
     def release(
         self,
-        permit: Any,
+        permit: Permit,
         *,
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
@@ -36,5 +39,5 @@ class OpenGate:
     async def acquire(self, est_tokens: int) -> None:
         return None
 
-    def release(self, permit: Any, **_: Any) -> None:
+    def release(self, permit: Permit, **_: object) -> None:
         return None

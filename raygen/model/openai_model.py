@@ -9,11 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import openai
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+if TYPE_CHECKING:
+    import httpx  # the openai SDK's transport types
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from raygen.errors import SessionFailure
 from raygen.model.base import ChatModel, Completion, request_seed
@@ -21,6 +33,7 @@ from raygen.model.configs import ChatAPIModelConfig, SamplingConfig
 from raygen.model.gate import OpenGate, RateGate
 from raygen.model.provider_options import request_options
 from raygen.model.streaming import StreamStalled, assemble
+from raygen.model.token_capture import capture, request_fields
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +46,8 @@ class _Transient(Exception):
         self.kind, self.detail, self.retry_after = kind, detail, retry_after
 
 
-def _retry_after(headers: Any) -> float | None:
+def _retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """The provider's ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date), in seconds."""
     if headers is None:
         return None
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
@@ -42,7 +56,10 @@ def _retry_after(headers: Any) -> float | None:
             try:
                 return max(0.0, float(value) * scale)
             except ValueError:
-                continue  # an HTTP-date Retry-After: fall back to our own backoff
+                try:  # an HTTP date
+                    return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+                except (TypeError, ValueError):
+                    continue  # unreadable: our own backoff
     return None
 
 
@@ -50,8 +67,13 @@ def estimate_tokens(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int | None
 ) -> int:
     """Rough prompt + completion estimate (4 characters a token) for rate limiting before the call."""
+    return estimate_prompt_tokens(messages, tools) + (max_tokens or 512)
+
+
+def estimate_prompt_tokens(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int:
+    """Rough prompt tokens of a request (4 characters a token), as the simulator counts them."""
     chars = sum(len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or "")) for m in messages)
-    return (chars + _schema_chars(tools)) // 4 + (max_tokens or 512)
+    return (chars + _schema_chars(tools)) // 4
 
 
 _SCHEMA_CHARS: dict[int, tuple[list[dict[str, Any]], int]] = {}
@@ -76,7 +98,7 @@ _UNSET_CONNECTIONS = 256
 """Connections when neither the config nor the caller sets them (a SessionWorker always does)."""
 
 
-def connection_limits(max_connections: int) -> Any:
+def connection_limits(max_connections: int) -> httpx.Limits:
     """The SDK's own ``Limits`` type (from httpx or its successor, whichever this openai release uses),
     every connection kept alive: a worker's sessions reuse them turn after turn."""
     limits_type = type(openai.DEFAULT_CONNECTION_LIMITS)
@@ -102,6 +124,8 @@ class OpenAIChatModel(ChatModel):
         self.config = config
         self.sampling = sampling
         self.gate = gate or OpenGate()
+        self.capture_fields = request_fields(sampling)
+        """Token ids and logprobs asked of each request (``sampling.logprobs``, ``return_token_ids``)."""
         # aiohttp transport: the default httpx pool walks every pooled connection on each request,
         # which dominates CPU at thousands of concurrent sessions (bench/README.md, findings).
         self.client = openai.AsyncOpenAI(
@@ -133,6 +157,7 @@ class OpenAIChatModel(ChatModel):
             payload["temperature"] = s.temperature
         if (seed := request_seed(s.seed)) is not None:
             payload["seed"] = seed
+        payload.update(self.capture_fields)
         payload.update(self.options)  # reasoning and routing, spelled for this provider
         if s.extra_body:
             payload.update(s.extra_body)  # provider options (OpenRouter routing, reasoning effort, ...)
@@ -176,8 +201,9 @@ class OpenAIChatModel(ChatModel):
     def _wait_after(self, attempt_number: int, exc: BaseException | None) -> float:
         """Seconds before the attempt after ``attempt_number`` (1-based) failed with ``exc``: jittered
         exponential backoff, or the provider's Retry-After if that is longer, capped."""
+        # tenacity's wait strategies read only ``attempt_number`` of the retry state.
         backoff = wait_random_exponential(multiplier=0.5, max=self.config.retry_max_wait_s)(
-            SimpleNamespace(attempt_number=attempt_number)
+            cast(RetryCallState, SimpleNamespace(attempt_number=attempt_number))
         )
         hint = getattr(exc, "retry_after", None)
         return min(self.config.retry_max_wait_s, max(backoff, hint or 0.0))
@@ -234,16 +260,35 @@ class OpenAIChatModel(ChatModel):
         extra = {}
         if getattr(response, "provider", None):  # OpenRouter names the upstream provider
             extra["provider"] = response.provider
+        cached_tokens, reasoning_tokens, cost_usd = usage_details(usage)
         return Completion(
             message=choice.message.model_dump(exclude_none=True),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             finish_reason=choice.finish_reason,
+            cached_tokens=cached_tokens,
+            reasoning_tokens=reasoning_tokens,
+            cost_usd=cost_usd,
             extra=extra,
+            tokens=capture(response),
         )
 
     async def aclose(self) -> None:
         await self.client.close()
+
+
+def usage_details(usage: Any) -> tuple[int, int, float | None]:
+    """Cached prompt tokens, reasoning tokens and the provider-reported cost in USD (OpenRouter's
+    ``usage.cost``; None when absent) of a response's ``usage``, whichever of them the provider sent."""
+    if usage is None:
+        return 0, 0, None
+    data = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)
+    cached = (data.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    reasoning = (data.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    cost = data.get("cost")
+    if not isinstance(cost, int | float) or isinstance(cost, bool) or cost < 0:
+        cost = None
+    return int(cached), int(reasoning), None if cost is None else float(cost)
 
 
 def _classify_status(exc: openai.APIStatusError, retry_after: float | None) -> Exception:

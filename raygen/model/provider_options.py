@@ -11,10 +11,12 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlparse
 
+from raygen.model.configs import ProviderConfig
+
 OPENROUTER_HOST = "openrouter.ai"
 
 
-def api_style(provider: Any, base_url: str | None) -> str:
+def api_style(provider: ProviderConfig, base_url: str | None) -> str:
     """``openrouter`` or ``openai``: the configured style, or the endpoint's (``auto``)."""
     if provider.api_style != "auto":
         return provider.api_style
@@ -22,7 +24,7 @@ def api_style(provider: Any, base_url: str | None) -> str:
     return "openrouter" if host == OPENROUTER_HOST or host.endswith("." + OPENROUTER_HOST) else "openai"
 
 
-def request_options(provider: Any, base_url: str | None) -> dict[str, Any]:
+def request_options(provider: ProviderConfig, base_url: str | None) -> dict[str, Any]:
     """Body keys for ``provider`` (a ProviderConfig) against ``base_url``; empty when nothing is set."""
     body: dict[str, Any] = {}
     openrouter = api_style(provider, base_url) == "openrouter"

@@ -27,7 +27,7 @@ class ScriptedModel(ChatModel):
             raise SessionFailure("provider_bad_request", f"model {self.config.model!r} does not exist")
         if self.config.latency_s > 0:
             await asyncio.sleep(self.config.latency_s)
-        request = {"model": self.config.model, "messages": messages, "tools": tools}
+        request: dict[str, Any] = {"model": self.config.model, "messages": messages, "tools": tools}
         if (seed := request_seed(None)) is not None:
             request["seed"] = seed
         reply = respond(request, self.sim)

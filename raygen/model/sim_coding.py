@@ -73,13 +73,13 @@ def reference_solution(task: CodingTask, cfg: SimConfig) -> str | None:
     return next((s for s in _solutions(str(cfg.solutions_file)) if s.startswith(task.code)), None)
 
 
-def solves(prompt: str, cfg: SimConfig, request_seed: Any) -> bool:
+def solves(prompt: str, cfg: SimConfig, request_seed: int | str | None) -> bool:
     digest = hashlib.sha256(f"{cfg.seed}:solve:{request_seed}:{prompt}".encode()).digest()
     return int.from_bytes(digest[:4], "big") / 2**32 < cfg.solve_rate
 
 
 def coding_step(
-    prompt: str, offered: set[str], calls_so_far: list[str], cfg: SimConfig, request_seed: Any
+    prompt: str, offered: set[str], calls_so_far: list[str], cfg: SimConfig, request_seed: int | str | None
 ) -> CodingStep | None:
     """The next step for a coding prompt (None if the prompt is not one). ``calls_so_far``: names of the
     tools called in earlier turns."""

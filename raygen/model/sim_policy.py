@@ -21,16 +21,24 @@ from typing import Any
 
 from raygen.model.configs import SimConfig
 from raygen.model.sim_coding import coding_step
+from raygen.model.sim_explore import exploration_calls, setup_prefix
 
 NONEXISTENT_MODEL_PREFIX = "nonexistent"
 """Model names starting with this are unknown to the simulator (HTTP 404; for failure-path tests)."""
 
 VERIFY_MARKER = "RAYGEN-VERIFY"
-SCRIPT_MAX_TURNS = 4
-"""hallucinate, probe, read back, final answer: the script never needs more assistant turns, so any
-conversation that already has this many gets the final answer (guarantees termination)."""
+SCRIPT_MAX_TURNS = 5
+"""hallucinate, probe, read back, explore (raygen.model.sim_explore), final answer: the script never needs
+more assistant turns, so any conversation that already has this many gets the final answer (guarantees
+termination)."""
 
 _HALLUCINATED_NAMES = ("web_search", "browse_web", "search_internet")
+SHELL_TOOLS = ("terminal", "bash", "Bash")
+"""Names of a shell tool (each takes ``command``): raygen's and Hermes Agent's ``terminal``, mini-swe-agent's
+``bash``, Claude Code's ``Bash``."""
+SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+"""mini-swe-agent ends a task when a command prints this; a harness whose prompt asks for it gets it as
+the final answer's tool call (a reply without a tool call would be a format error there)."""
 
 
 def is_nonexistent_model(model: str) -> bool:
@@ -103,7 +111,7 @@ def is_slow(prompt_text: str, cfg: SimConfig) -> bool:
     return _unit(digest, 0) < cfg.slow_rate
 
 
-def message_text(content: Any) -> str:
+def message_text(content: object) -> str:
     """Text of a message ``content``: a string, a list of content parts, or None."""
     if isinstance(content, str):
         return content
@@ -176,15 +184,21 @@ def offered_tool_names(tools: list[dict[str, Any]] | None) -> set[str]:
     return names
 
 
+def shell_tool(offered: set[str]) -> str | None:
+    """The offered shell tool, if any (``SHELL_TOOLS``, in that order)."""
+    return next((name for name in SHELL_TOOLS if name in offered), None)
+
+
 def _probe_tools(offered: set[str]) -> list[str]:
     """Tools of the probe turn. The file check needs both write_file and read_file to mean anything."""
-    probes = ["terminal"] if "terminal" in offered else []
+    shell = shell_tool(offered)
+    probes = [shell] if shell else []
     if {"write_file", "read_file"} <= offered:
         probes.append("write_file")
     return probes
 
 
-def _next_action(plan: Plan, offered: set[str], history: _History) -> str:
+def _next_action(plan: Plan, offered: set[str], history: _History, tools: list[dict[str, Any]]) -> str:
     called = history.called()
     if len(history.assistant) >= SCRIPT_MAX_TURNS:
         return "final"
@@ -195,6 +209,8 @@ def _next_action(plan: Plan, offered: set[str], history: _History) -> str:
         return "probe"
     if "write_file" in probes and "read_file" not in called:
         return "read"
+    if exploration_calls(tools, called):
+        return "explore"
     return "final"
 
 
@@ -211,19 +227,25 @@ def _verify(plan: Plan, offered: set[str], history: _History) -> dict[str, str]:
             return "skip"
         return "ok" if history.any_result_contains(tool, token) else "fail"
 
+    shell = shell_tool(offered)
     return {
-        "terminal": outcome("terminal" in offered, "terminal", plan.terminal_token),
+        "terminal": outcome(shell is not None, shell or "", plan.terminal_token),
         "file": outcome("write_file" in _probe_tools(offered), "read_file", plan.file_token),
     }
 
 
-def _calls_for(action: str, plan: Plan, offered: set[str], prompt: str) -> list[tuple[str, dict[str, Any]]]:
+def _calls_for(
+    action: str, plan: Plan, offered: set[str], prompt: str, tools: list[dict[str, Any]], called: set[str]
+) -> list[tuple[str, dict[str, Any]]]:
+    if action == "explore":
+        return exploration_calls(tools, called)
     if action == "hallucinate":
         return [(_hallucinated_name(offered, plan.nonce), {"query": prompt[:200]})]
     if action == "probe":
         calls = []
-        if "terminal" in offered:
-            calls.append(("terminal", {"command": f"printf 'raygen-%s-%d\\n' {plan.nonce} $((6*7))"}))
+        if shell := shell_tool(offered):
+            probe = f"printf 'raygen-%s-%d\\n' {plan.nonce} $((6*7))"
+            calls.append((shell, {"command": setup_prefix(tools) + probe}))
         if "write_file" in _probe_tools(offered):
             calls.append(("write_file", {"path": plan.check_path, "content": plan.file_token}))
         return calls
@@ -236,6 +258,7 @@ _REASONING = {
     "hallucinate": "This might need fresh information, so I will search the web before anything else.",
     "probe": "I will check the environment: compute 6*7 in the shell with printf and write a check file.",
     "read": "The check file should now exist; I will read it back and compare its content.",
+    "explore": "There are more tools offered; I will try each of them once to see what they return.",
 }
 
 
@@ -277,7 +300,7 @@ def respond(request: dict[str, Any], cfg: SimConfig) -> PolicyReply:
     offered = offered_tool_names(tools)
     history = _History.of(messages)
     turn = len(history.assistant) + 1
-    action = _next_action(plan, offered, history)
+    action = _next_action(plan, offered, history, tools)
 
     decision: dict[str, Any] = {
         "turn": turn,
@@ -293,11 +316,14 @@ def respond(request: dict[str, Any], cfg: SimConfig) -> PolicyReply:
         ),
     }
 
-    calls = _calls_for(action, plan, offered, prompt)
+    calls = _calls_for(action, plan, offered, prompt, tools, history.called())
     if action == "final":
         verify = _verify(plan, offered, history)
         decision["verify"] = verify
         visible, reasoning = _final_text(verify, offered)
+        shell = shell_tool(offered)
+        if shell and any(SUBMIT_COMMAND in message_text(m.get("content")) for m in messages[:2]):
+            calls = [(shell, {"command": SUBMIT_COMMAND})]
     else:
         visible, reasoning = None, _REASONING[action]
     coding = coding_step(prompt, offered, [name for name, _, _ in history.calls], cfg, request.get("seed"))
@@ -332,7 +358,7 @@ def respond(request: dict[str, Any], cfg: SimConfig) -> PolicyReply:
     return _within_token_limit(reply, request.get("max_tokens") or request.get("max_completion_tokens"))
 
 
-def _within_token_limit(reply: PolicyReply, max_tokens: Any) -> PolicyReply:
+def _within_token_limit(reply: PolicyReply, max_tokens: object) -> PolicyReply:
     """A reply longer than the request's ``max_tokens`` is cut as providers cut it: the text stops at the
     limit, the tool calls are lost and ``finish_reason`` is ``length``."""
     if not isinstance(max_tokens, int) or reply.completion_tokens <= max_tokens:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from openai.types.chat import ChatCompletion
+from openai import AsyncStream
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 _REASONING_FIELDS = ("reasoning_content", "reasoning")
 
@@ -26,12 +27,18 @@ class _Assembly:
         self.calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
         self.usage: Any = None
+        self.logprobs: list[dict[str, Any]] = []
+        self.token_ids: list[int] | None = None
 
-    def add(self, chunk: Any) -> None:
+    def add(self, chunk: ChatCompletionChunk) -> None:
         if not self.head:
             self.head = {"id": chunk.id, "created": chunk.created, "model": chunk.model}
-            if (chunk.model_extra or {}).get("provider"):  # OpenRouter names the upstream provider
-                self.head["provider"] = chunk.model_extra["provider"]
+            if provider := (chunk.model_extra or {}).get("provider"):  # OpenRouter names the upstream one
+                self.head["provider"] = provider
+        if chunk.system_fingerprint and "system_fingerprint" not in self.head:
+            self.head["system_fingerprint"] = chunk.system_fingerprint
+        if prompt_ids := (chunk.model_extra or {}).get("prompt_token_ids"):  # vLLM: in the first chunk
+            self.head["prompt_token_ids"] = prompt_ids
         if chunk.usage is not None:
             self.usage = chunk.usage.model_dump()
         for choice in chunk.choices or ():
@@ -53,8 +60,17 @@ class _Assembly:
                 if call.function is not None:
                     slot["function"]["name"] += call.function.name or ""
                     slot["function"]["arguments"] += call.function.arguments or ""
+            self._add_tokens(choice)
             if choice.finish_reason:
                 self.finish_reason = choice.finish_reason
+
+    def _add_tokens(self, choice: Any) -> None:
+        """Logprobs and (vLLM) token ids come piece by piece with the deltas."""
+        if choice.logprobs is not None and choice.logprobs.content:
+            self.logprobs.extend(e.model_dump() for e in choice.logprobs.content)
+        ids = (choice.model_extra or {}).get("token_ids")
+        if isinstance(ids, list):
+            self.token_ids = (self.token_ids or []) + ids
 
     def completion(self) -> ChatCompletion:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
@@ -65,13 +81,23 @@ class _Assembly:
         body = {
             "object": "chat.completion",
             **self.head,
-            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": self.finish_reason, **self._tokens()}
+            ],
             "usage": self.usage,
         }
         return ChatCompletion.model_validate(body)
 
+    def _tokens(self) -> dict[str, Any]:
+        tokens: dict[str, Any] = {}
+        if self.logprobs:
+            tokens["logprobs"] = {"content": self.logprobs}
+        if self.token_ids is not None:
+            tokens["token_ids"] = self.token_ids
+        return tokens
 
-async def assemble(stream: Any, idle_timeout_s: float) -> ChatCompletion:
+
+async def assemble(stream: AsyncStream[ChatCompletionChunk], idle_timeout_s: float) -> ChatCompletion:
     """Read ``stream`` (the SDK's ``AsyncStream`` of chunks) to its end; see the module docstring."""
     assembly = _Assembly()
     chunks = stream.__aiter__()

@@ -195,8 +195,19 @@ def hermes_options(config: Any, run_dir: Any, fmt: str | None = None) -> HermesO
 
     tools = config.output.hermes_tools
     if tools is None:
-        tools = sorted(set(REFERENCE_TOOLS) | set(load_registry(config.tools.plugins).all_tool_names()))
+        registered = set(load_registry(config.tools.plugins).all_tool_names()) | _manifest_tools(run_dir)
+        tools = sorted(set(REFERENCE_TOOLS) | registered)
     return HermesOptions(run_dir.name, config.tools.distribution, config.model.model, list(tools))
+
+
+def _manifest_tools(run_dir: Any) -> set[str]:
+    """The tools the run offered by its manifest (MCP servers' tools are known only from there)."""
+    try:
+        manifest = run_dir.read_json("manifest.json")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    schemas = (manifest.get("generation") or {}).get("tool_schemas") or []
+    return {str((s.get("function") or {}).get("name")) for s in schemas if isinstance(s, dict)}
 
 
 def convert(record: dict[str, Any], tools: list[str]) -> tuple[dict[str, Any], Counter, list[str]]:

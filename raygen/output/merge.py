@@ -2,9 +2,11 @@
 
 Pass 1 streams every shard record and keeps, per sample key, only the position and rank of its best
 record so far (no record bodies, no summaries). The FINAL attempt of a key is the record with the
-highest ``(not failed, attempt, shard order, line offset)``: a non-failed record beats any failed one,
-then the highest attempt wins, then the record from the later shard (``shards.list_shards``: newer
-modification time, then name) and the later line. Pass 2 re-reads each final record once by position,
+highest ``(not failed, attempt, rescored, shard order, line offset)``: a non-failed record beats any
+failed one, then the highest attempt wins, then the latest ``raygen rescore`` of it
+(``verification.rescored``, written in the record, so a copy of the run that lost its files' dates
+merges the same), then the record from the later shard (``shards.list_shards``: newer modification
+time, then name) and the later line. Pass 2 re-reads each final record once by position,
 summarizes it for the statistics and writes it out in ``(prompt_index, sample_key)`` order.
 
 Atomicity: the outputs are built in ``RUN_DIR/.merge-<token>/`` and each folder is then swapped in
@@ -64,9 +66,10 @@ _ROW_GROUP_BYTES = 64 << 20
 
 @dataclass(slots=True)
 class FinalRecord:
-    """The record that stands for a sample key: rank = (not failed, attempt, shard order, offset)."""
+    """The record that stands for a sample key: rank = (not failed, attempt, rescored, shard order,
+    offset)."""
 
-    rank: tuple[bool, int, int, int]
+    rank: tuple[bool, int, int, int, int]
     pos: ShardPos
     prompt_index: int
     outcome: str
@@ -98,6 +101,8 @@ class MergeResult:
     """Records of a key that lost to its final attempt."""
     missing: int | None
     """Expected keys with no record at all (None when ``expected_keys`` was not given)."""
+    spent_usd: float = 0.0
+    """What every attempt recorded cost, superseded ones and earlier passes and resumes included."""
     stats: dict[str, Any] = field(default_factory=dict)
     """The content of ``statistics.json``."""
 
@@ -107,7 +112,7 @@ def choose_finals(
 ) -> tuple[dict[str, FinalRecord], dict[str, int]]:
     finals: dict[str, FinalRecord] = {}
     file_order: dict[str, int] = {}
-    counts = {"records_read": 0, "invalid_records": 0, "stale": 0, "attempts_superseded": 0}
+    counts = {"records_read": 0, "invalid_records": 0, "stale": 0, "attempts_superseded": 0, "spent_usd": 0.0}
     for record, pos in iter_shard_records(run_dir, scan):
         counts["records_read"] += 1
         try:
@@ -117,11 +122,12 @@ def choose_finals(
             logger.warning("skipping invalid record %s @%d: %s", pos.path, pos.offset, exc)
             continue
         key = summary.sample_key
+        counts["spent_usd"] += summary.cost_usd  # paid for, whether or not the merge keeps it
         if expected_keys is not None and key not in expected_keys:
             counts["stale"] += 1
             continue
         order = file_order.setdefault(pos.path, len(file_order))
-        rank = (not summary.failed, summary.attempt, order, pos.offset)
+        rank = (not summary.failed, summary.attempt, summary.rescored, order, pos.offset)
         current = finals.get(key)
         if current is not None:
             counts["attempts_superseded"] += 1
@@ -316,6 +322,8 @@ def merge_run(
             hermes_writer.close()
             total = len(expected_keys) if expected_keys is not None else sum(map(len, by_outcome.values()))
             stats.update(hermes_writer.statistics(total))
+        stats["cost"]["total_usd"] = counts["spent_usd"]
+        stats["cost"]["superseded_usd"] = max(0.0, counts["spent_usd"] - stats["cost"]["final_usd"])
         stats["merge"] = {
             **counts,
             "unparseable_lines": scan.unparseable_lines,

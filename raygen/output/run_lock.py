@@ -60,6 +60,12 @@ class Holder:
     pid_start: str | None = None
     """The pid's start time in clock ticks since boot (Linux), so a reused pid is not mistaken for it."""
     slurm_job: str | None = None
+    command: str = "run"
+    """The ``raygen`` command holding the run: ``run`` (a driver), ``merge`` or ``rescore``."""
+
+    @property
+    def what(self) -> str:
+        return "raygen driver" if self.command == "run" else f"raygen {self.command}"
 
     def describe(self, now: float | None = None) -> str:
         age = (now if now is not None else time.time()) - self.heartbeat
@@ -106,6 +112,7 @@ class RunLock:
         interval_s: float = HEARTBEAT_S,
         stale_after_s: float | None = None,
         settle_s: float = 1.0,
+        command: str = "run",
     ):
         self.run_dir = run_dir
         self.interval_s = interval_s
@@ -121,6 +128,7 @@ class RunLock:
             token=uuid.uuid4().hex,
             pid_start=_pid_start(pid),
             slurm_job=os.environ.get("SLURM_JOB_ID"),
+            command=command,
         )
         self.taken_over: Holder | None = None
         """The stale holder this lock replaced, if any."""
@@ -165,8 +173,8 @@ class RunLock:
     def _refuse_unless_stale(self, current: Holder) -> None:
         if not self.is_stale(current):
             raise RunLocked(
-                f"{self.run_dir} is in use by another raygen driver: {current.describe()}; wait for it "
-                f"to finish, or stop it (a killed driver's lock is taken over automatically)"
+                f"{self.run_dir} is in use by another {current.what}: {current.describe()}; wait for it "
+                f"to finish, or stop it (a killed {current.what}'s lock is taken over automatically)"
             )
         self.taken_over = current
 

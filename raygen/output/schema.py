@@ -10,11 +10,13 @@ free-form values whose keys vary from record to record are stored as JSON string
 - ``tool_stats``: keyed by tool name, and the known tools vary with the run's toolsets;
 - ``tool_error_counts``: keyed by error kind;
 - ``verification`` (null for rows without a check) and ``artifacts``: the verified-trajectory fields, kept
-  as JSON so records of runs with and without checks share one schema.
+  as JSON so records of runs with and without checks share one schema;
+- ``agent`` (null for raygen's own loop) and ``threads``: a harness run as the session (docs/agents.md).
 
 Decode them with ``json.loads``. ``safety_labels`` has a fixed shape, so it is typed:
 ``list<struct<turn: int64, tool: string, label: string, rule_id: string>>`` (empty list for most rows);
-so is ``turns``: ``list<struct<finish_reason: string, provider: string>>``, one per model call.
+so is ``turns`` (``TURN_INFO``, one per model call: finish reason, provider, model, and the token ids and
+logprobs where captured), and ``loss_mask`` (``list<int8>``, one per message).
 The JSONL output keeps the natural JSON (the Trajectory dump).
 A test checks that the structs below match the pydantic models in ``raygen.formats.records``.
 """
@@ -28,7 +30,16 @@ import pyarrow as pa
 
 from raygen.formats.records import EnvInfo, ReasoningCounts, SafetyLabel, Timing, Usage
 
-JSON_COLUMNS = ("messages", "metadata", "tool_stats", "tool_error_counts", "verification", "artifacts")
+JSON_COLUMNS = (
+    "messages",
+    "metadata",
+    "tool_stats",
+    "tool_error_counts",
+    "verification",
+    "artifacts",
+    "agent",
+    "threads",
+)
 """Columns holding a JSON string (decode with ``json.loads``)."""
 
 _STRUCT_MODELS = {"reasoning": ReasoningCounts, "usage": Usage, "timing": Timing, "env": EnvInfo}
@@ -41,11 +52,27 @@ SAFETY_LABEL = pa.struct(
     ]
 )
 """One element of the ``safety_labels`` column (the fields of ``raygen.formats.records.SafetyLabel``)."""
-TURN_INFO = pa.struct([pa.field("finish_reason", pa.string()), pa.field("provider", pa.string())])
-"""One element of the ``turns`` column (the fields of ``raygen.formats.records.TurnInfo``)."""
+TOP_LOGPROB = pa.struct([pa.field("token", pa.string()), pa.field("logprob", pa.float64())])
+TURN_INFO = pa.struct(
+    [
+        pa.field("finish_reason", pa.string()),
+        pa.field("provider", pa.string()),
+        pa.field("model", pa.string()),
+        pa.field("system_fingerprint", pa.string()),
+        pa.field("prompt_token_ids", pa.list_(pa.int64())),
+        pa.field("prompt_token_ids_from", pa.int64()),
+        pa.field("token_ids", pa.list_(pa.int64())),
+        pa.field("logprobs", pa.list_(pa.float64())),
+        pa.field("tokens", pa.list_(pa.string())),
+        pa.field("top_logprobs", pa.list_(pa.list_(TOP_LOGPROB))),
+    ]
+)
+"""One element of the ``turns`` column (the fields of ``raygen.formats.records.TurnInfo``; the token
+lists are null where nothing was captured)."""
 
 SCHEMA = pa.schema(
     [
+        pa.field("format_version", pa.int64(), nullable=False),
         pa.field("id", pa.string(), nullable=False),
         pa.field("sample_key", pa.string(), nullable=False),
         pa.field("prompt_index", pa.int64(), nullable=False),
@@ -55,6 +82,8 @@ SCHEMA = pa.schema(
         pa.field("exit_status", pa.string(), nullable=False),
         pa.field("error", pa.string()),
         pa.field("api_calls", pa.int64(), nullable=False),
+        pa.field("cost_usd", pa.float64(), nullable=False),
+        pa.field("cost_source", pa.string(), nullable=False),
         pa.field("model", pa.string(), nullable=False),
         pa.field("config_fingerprint", pa.string(), nullable=False),
         pa.field(
@@ -65,6 +94,7 @@ SCHEMA = pa.schema(
         pa.field("metadata", pa.string(), nullable=False),
         pa.field("toolsets_used", pa.list_(pa.string())),
         pa.field("tools_offered", pa.list_(pa.string())),
+        pa.field("mcp_servers", pa.string(), nullable=False),
         pa.field("hallucinated_tools", pa.list_(pa.string())),
         pa.field("tool_stats", pa.string(), nullable=False),
         pa.field("tool_error_counts", pa.string(), nullable=False),
@@ -107,6 +137,9 @@ SCHEMA = pa.schema(
         pa.field("verification", pa.string(), nullable=False),
         pa.field("artifacts", pa.string(), nullable=False),
         pa.field("turns", pa.list_(TURN_INFO)),
+        pa.field("loss_mask", pa.list_(pa.int8())),
+        pa.field("agent", pa.string(), nullable=False),
+        pa.field("threads", pa.string(), nullable=False),
     ]
 )
 
@@ -137,6 +170,7 @@ def to_row(record: dict[str, Any]) -> dict[str, Any]:
     sample_key = record["sample_key"]
     category, error = record.get("category"), record.get("error")
     return {
+        "format_version": int(record.get("format_version", 1)),
         "id": str(record.get("id") or sample_key),
         "sample_key": sample_key,
         "prompt_index": int(record["prompt_index"]),
@@ -146,6 +180,8 @@ def to_row(record: dict[str, Any]) -> dict[str, Any]:
         "exit_status": str(record.get("exit_status") or "completed"),
         "error": None if error is None else str(error),
         "api_calls": int(record.get("api_calls") or 0),
+        "cost_usd": float(record.get("cost_usd") or 0.0),
+        "cost_source": str(record.get("cost_source") or ""),
         "model": str(record.get("model") or ""),
         "config_fingerprint": str(record.get("config_fingerprint") or ""),
         "conversations": [
@@ -156,6 +192,7 @@ def to_row(record: dict[str, Any]) -> dict[str, Any]:
         "metadata": _json(record.get("metadata"), {}),
         "toolsets_used": _strings(record.get("toolsets_used")),
         "tools_offered": _strings(record.get("tools_offered")),
+        "mcp_servers": _json(record.get("mcp_servers"), []),
         "hallucinated_tools": _strings(record.get("hallucinated_tools")),
         "tool_stats": _json(record.get("tool_stats"), {}),
         "tool_error_counts": _json(record.get("tool_error_counts"), {}),
@@ -169,12 +206,22 @@ def to_row(record: dict[str, Any]) -> dict[str, Any]:
         "verification": json.dumps(record.get("verification"), ensure_ascii=False, separators=(",", ":")),
         "artifacts": _json(record.get("artifacts"), []),
         "turns": [_turn(item) for item in record.get("turns") or ()],
+        "loss_mask": [int(bool(v)) for v in record.get("loss_mask") or ()],
+        "agent": json.dumps(record.get("agent"), ensure_ascii=False, separators=(",", ":")),
+        "threads": _json(record.get("threads"), []),
     }
+
+
+_TURN_TEXT = ("finish_reason", "provider", "model", "system_fingerprint")
+_TURN_LISTS = ("prompt_token_ids", "token_ids", "logprobs", "tokens", "top_logprobs")
 
 
 def _turn(item: Any) -> dict[str, Any]:
     item = item if isinstance(item, dict) else {}
-    return {k: None if item.get(k) is None else str(item[k]) for k in ("finish_reason", "provider")}
+    row: dict[str, Any] = {k: None if item.get(k) is None else str(item[k]) for k in _TURN_TEXT}
+    row.update((k, item.get(k) if isinstance(item.get(k), list) else None) for k in _TURN_LISTS)
+    row["prompt_token_ids_from"] = int(item.get("prompt_token_ids_from") or 0)
+    return row
 
 
 _SAFETY_FIELDS = tuple(SafetyLabel.model_fields)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import IO, Any, NamedTuple
 
+from raygen.formats.records import check_format_version
 from raygen.output.run_dir import SHARD_SUFFIX, SHARDS_DIR, RunDir
 from raygen.output.storage import Entry
 
@@ -232,7 +233,8 @@ def iter_shard_records(
     """Every record of every final shard with its position, in ``list_shards`` order.
 
     Lines that are not a JSON object are skipped, counted in ``stats`` and logged; blank lines are
-    skipped silently. Never raises on bad content.
+    skipped silently. Never raises on bad content; raises ``RecordFormatError`` on a record of a newer
+    format (a newer raygen wrote this run: reading on would mis-merge it).
     """
     stats = stats if stats is not None else ShardScanStats()
     run_dir = RunDir.of(run_dir)
@@ -241,7 +243,7 @@ def iter_shard_records(
         path_str = entry.path  # one shared str per file keeps millions of positions small
         offset = 0
         with run_dir.open_stream(path_str) as f:
-            for raw in f:
+            for number, raw in enumerate(f, start=1):
                 line = raw.rstrip(b"\r\n")
                 pos = ShardPos(path_str, offset, len(line))
                 offset += len(raw)
@@ -254,6 +256,7 @@ def iter_shard_records(
                         stats.bad_positions.append(pos)
                         logger.warning("skipping unparseable shard line %s @%d", path_str, pos.offset)
                     continue
+                check_format_version(record, f"{path_str}:{number}")
                 stats.records += 1
                 yield record, pos
 

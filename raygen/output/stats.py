@@ -14,6 +14,11 @@
   ``turns_with / (turns_with + turns_without)`` (null when there were no assistant turns).
 - ``api_calls``: ``total`` model calls and ``mean_per_session`` (null with no sessions).
 - ``tokens``: ``prompt``, ``completion`` and ``total`` tokens as reported by the provider.
+- ``cost``: USD of the final records: ``final_usd``, by outcome ``kept_usd`` / ``rejected_usd`` /
+  ``failed_usd``, ``waste_usd`` (rejected + failed), ``per_kept_usd`` (final spend / kept),
+  ``failed_by_kind_usd``, ``by_source`` ``{cost_source: sessions}``, ``unpriced_sessions``; the merge
+  adds ``total_usd`` (every attempt ever recorded, superseded ones and resumed passes included) and
+  ``superseded_usd``.
 - ``duration_s``: ``total``, ``mean`` (null with no sessions) and ``max`` session wall time.
 - ``safety``: ``labels`` ``{label: n}`` tool calls matched by the unsafe-action rules (one per matching
   rule, see ``raygen/safety``) and ``sessions_with_labels``.
@@ -63,6 +68,9 @@ class _Bucket:
     completion_tokens: int = 0
     duration_total: float = 0.0
     duration_max: float = 0.0
+    cost_by_outcome: Counter = field(default_factory=Counter)
+    cost_failed: Counter = field(default_factory=Counter)
+    cost_sources: Counter = field(default_factory=Counter)
     safety_labels: Counter = field(default_factory=Counter)
     sessions_with_labels: int = 0
     verification: VerificationStats = field(default_factory=VerificationStats)
@@ -91,6 +99,10 @@ class _Bucket:
         self.completion_tokens += s.completion_tokens
         self.duration_total += s.duration_s
         self.duration_max = max(self.duration_max, s.duration_s)
+        self.cost_by_outcome[outcome] += s.cost_usd
+        if outcome == FAILED:
+            self.cost_failed[reason or failure_kind(s.exit_status) or "unknown"] += s.cost_usd
+        self.cost_sources[s.cost_source or "none"] += 1
         self.safety_labels.update(s.safety_labels)
         self.sessions_with_labels += bool(s.safety_labels)
 
@@ -103,6 +115,9 @@ class _Bucket:
             (self.exit_statuses, o.exit_statuses),
             (self.tool_errors, o.tool_errors),
             (self.safety_labels, o.safety_labels),
+            (self.cost_by_outcome, o.cost_by_outcome),
+            (self.cost_failed, o.cost_failed),
+            (self.cost_sources, o.cost_sources),
         ):
             mine.update(theirs)
         for name, (count, success, failure) in o.tools.items():
@@ -150,6 +165,7 @@ class _Bucket:
                 "completion": self.completion_tokens,
                 "total": self.prompt_tokens + self.completion_tokens,
             },
+            "cost": self._cost(),
             "duration_s": {
                 "total": self.duration_total,
                 "mean": _ratio(self.duration_total, self.total),
@@ -159,6 +175,21 @@ class _Bucket:
                 "labels": dict(sorted(self.safety_labels.items())),
                 "sessions_with_labels": self.sessions_with_labels,
             },
+        }
+
+    def _cost(self) -> dict[str, Any]:
+        kept, rejected, failed = (self.cost_by_outcome[o] for o in (KEPT, REJECTED, FAILED))
+        final = kept + rejected + failed
+        return {
+            "final_usd": final,
+            "kept_usd": kept,
+            "rejected_usd": rejected,
+            "failed_usd": failed,
+            "waste_usd": rejected + failed,
+            "per_kept_usd": _ratio(final, self.kept),
+            "failed_by_kind_usd": dict(sorted(self.cost_failed.items())),
+            "by_source": dict(sorted(self.cost_sources.items())),
+            "unpriced_sessions": self.cost_sources["unknown"],
         }
 
 

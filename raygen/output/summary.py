@@ -29,6 +29,8 @@ _FIELDS = (
     "hallucinated_tools",
     "reasoning",
     "usage",
+    "cost_usd",
+    "cost_source",
     "timing",
     "safety_labels",
     "group_id",
@@ -59,6 +61,8 @@ class SessionSummary:
     reasoning_without: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cost_usd: float = 0.0
+    cost_source: str = ""
     duration_s: float = 0.0
     safety_labels: dict[str, int] = field(default_factory=dict)
     """``{label: n}`` tool calls matched by the unsafe-action rules (one per matching rule)."""
@@ -69,6 +73,8 @@ class SessionSummary:
     """The check's reward; None without a check or when it could not run."""
     passed: bool | None = None
     """Whether the check passed; None when the record has no (completed) check."""
+    rescored: int = 0
+    """``verification.rescored``: the regrade this record is (0: the session's own grading)."""
 
     @property
     def failed(self) -> bool:
@@ -141,12 +147,15 @@ def summarize(record: dict[str, Any] | Trajectory) -> SessionSummary:
         reasoning_without=_int(reasoning.get("without_reasoning")),
         prompt_tokens=_int(usage.get("prompt_tokens")),
         completion_tokens=_int(usage.get("completion_tokens")),
+        cost_usd=float(record.get("cost_usd") or 0.0),
+        cost_source=str(record.get("cost_source") or ""),
         duration_s=float(timing.get("duration_s") or 0.0),
         safety_labels=_label_counts(record.get("safety_labels")),
         group_id=None if record.get("group_id") is None else str(record["group_id"]),
         sample_index=_int(record.get("sample_index")),
         reward=None if record.get("reward") is None else float(record["reward"]),
         passed=_passed(record.get("reward"), _plain(record.get("verification"))),
+        rescored=_int((_plain(record.get("verification")) or {}).get("rescored")),
     )
 
 

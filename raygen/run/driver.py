@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,14 +19,9 @@ from typing import Any
 from raygen.config import RunConfig
 from raygen.envs import environment_class
 from raygen.errors import ConfigError, InputError
-from raygen.hygiene import (
-    HygieneReport,
-    count_secret_leaks,
-    row_secret_values,
-    scan_hygiene,
-)
+from raygen.hygiene import HygieneReport, count_secret_leaks
 from raygen.input.rows import Sample
-from raygen.input.validate import DatasetReport, iter_samples, scan_dataset
+from raygen.input.validate import DatasetReport
 from raygen.output.hermes import hermes_options
 from raygen.output.manifest import build_manifest, utc_now
 from raygen.output.merge import MergeResult, merge_run
@@ -34,15 +29,20 @@ from raygen.output.run_dir import MANIFEST_FILE, SHARDS_DIR, STATISTICS_FILE, Ru
 from raygen.output.run_lock import RunLock
 from raygen.output.summary import summarize
 from raygen.output.writable import check_output_folder, check_run_name
+from raygen.run.budget import BUDGET_DRAIN, check_pricing, reached_before_start, reached_line
 from raygen.run.drain import Drain
-from raygen.run.generation import Generation, RunSecrets, resume_check
+from raygen.run.forecast import forecast, pilot_keys, pilot_lines
+from raygen.run.generation import Generation, RunSecrets, recorded_config, resume_check
 from raygen.run.ledger import Ledger, worker_lost_record
+from raygen.run.plan import check_dataset, plan_samples
 from raygen.run.reporter import RunReporter
 from raygen.run.services import RunServices, run_services
 from raygen.run.sink import ResultSink
-from raygen.run.verify_prepare import prepare_dataset
+from raygen.run.verify_prepare import prepare_dataset, task_findings
 
 log = logging.getLogger(__name__)
+
+_PLACEMENT = {"session": "one per session", "actor": "one per actor", "remote": "by URL"}
 
 _LOST = "no result came back: the worker running it died and Ray's task retries were exhausted"
 
@@ -57,7 +57,9 @@ class RunResult:
     pending: int = 0
     hygiene: HygieneReport | None = None
     incomplete: bool = False
-    """A signal drained the run before every sample ran: ``--resume`` finishes it (exit code 75)."""
+    """A signal or the budget drained the run before every sample ran: ``--resume`` finishes it (exit 75)."""
+    stop_reason: str | None = None
+    """Why the run stopped early, in one line (``budget reached: $X of $Y; ...``)."""
 
 
 def default_run_name(dataset: Path) -> str:
@@ -72,6 +74,7 @@ def run(
     dry_run: bool = False,
     allow_unsafe_local: bool = False,
     reporter: RunReporter | None = None,
+    pilot: int | None = None,
 ) -> RunResult:
     """Run ``config`` (see the module docstring). What the run has to say goes to ``reporter``: the CLI
     renders it; the default writes it to the ``raygen`` logger."""
@@ -84,6 +87,7 @@ def run(
             dry_run=dry_run,
             allow_unsafe_local=allow_unsafe_local,
             reporter=reporter or RunReporter(),
+            pilot=pilot,
         )
 
 
@@ -96,18 +100,21 @@ def _run(
     dry_run: bool,
     allow_unsafe_local: bool,
     reporter: RunReporter,
+    pilot: int | None = None,
 ) -> RunResult:
     if config.dataset is None:
         raise ConfigError("no dataset given")
     dataset = Path(config.dataset)
-    generation = Generation.build(config)
+    generation = Generation.build(config)  # MCP servers: each started once here, its tools listed
     secrets = RunSecrets.from_environment(config)  # a missing API key stops the run before anything else
+    _note_mcp_servers(generation, reporter)
     dataset = prepare_dataset(config, dataset, reporter)  # a Harbor tasks folder becomes a prompts file
 
-    report = scan_dataset(dataset, known_toolsets=set(generation.registry.toolset_names()))
+    checks = check_dataset(config, dataset, known_toolsets=set(generation.registry.toolset_names()))
+    report = task_findings(checks.report, Path(config.dataset))  # Harbor: name the task, not the cached file
     reporter.dataset_checked(report)
     report.raise_if_invalid()
-    hygiene = _check_hygiene(config, dataset, reporter)
+    hygiene = _report_hygiene(config, dataset, checks.hygiene, reporter)
 
     if resume and not config.output.run_name:
         raise ConfigError("--resume needs --run-name (or output.run_name): the run folder to continue")
@@ -136,16 +143,25 @@ def _run(
         if lock.taken_over is not None:
             reporter.note(f"{run_dir}: taking over from {lock.taken_over.describe()}: gone")
     ledger = Ledger.scan(run_dir) if resume else Ledger()
+    pricing = check_pricing(config, reporter)  # a --max-cost without a price stops here
     max_attempts = config.retry.max_attempts
     if config.retry.retry_failed:
         _reopen_failures(config, ledger, resume, reporter)
-    expected, pending, isolation_rows = _plan_samples(config, dataset, generation, ledger, max_attempts)
+    plan = plan_samples(config, dataset, generation, ledger, held)
+    expected, pending = plan.expected, plan.pending
+    chosen = None  # --pilot N: the pending samples it runs, spread over the categories
+    if pilot is not None:
+        chosen = pilot_keys(((s.sample_key, s.row.category) for s in plan.pending_samples()), pilot)
+        pending = len(chosen)
     result = RunResult(run_dir=run_dir, report=report, pending=pending, dry_run=dry_run, hygiene=hygiene)
-    _check_isolation(config, isolation_rows, allow_unsafe_local)
+    _check_isolation(config, plan.isolation_rows, allow_unsafe_local)
     reporter.note(
         f"run {run_name}: {len(expected)} samples, {len(expected) - pending} already done, {pending} to run"
     )
     if dry_run:
+        todo = plan.pending_samples(only=chosen)
+        for line in forecast(todo, config, generation.registry, pricing).lines(pricing, config):
+            reporter.note(line)
         reporter.note(
             f"dry run: at most {pending * config.session.max_turns} model calls "
             f"({pending} sessions x max_turns {config.session.max_turns}); nothing was run"
@@ -157,7 +173,7 @@ def _run(
     manifest = build_manifest(
         run_name=run_name,
         dataset={"path": str(dataset.resolve()), "sha256": report.sha256, "rows": report.rows},
-        config=config.model_dump(mode="json"),
+        config=recorded_config(config),
         model=generation.model_name,
         base_url=getattr(config.model, "base_url", None),
         config_fingerprint=generation.fingerprint,
@@ -171,14 +187,19 @@ def _run(
 
     live: dict[str, Any] = {}
     with Drain(config.retry.drain_timeout_s) as drain:  # SIGTERM/SIGINT/SIGUSR1: finish, merge, exit 75
-        if pending:
-            samples = _pending_samples(config, dataset, generation, ledger)
-            with run_services(config, generation, secrets, reporter) as services:
+        if pending and (spent_line := reached_before_start(config, ledger)) is not None:
+            result.incomplete, result.stop_reason = True, spent_line
+        elif pending:
+            samples = plan.pending_samples(only=chosen)
+            spent = (ledger.spent_usd, ledger.spent_tokens)
+            with run_services(config, generation, secrets, reporter, spent) as services:
                 drain.install()  # over the SIGTERM handler ray.init set
                 result.sessions_run, live = _run_passes(services, samples, pending, run_dir, ledger, drain)
             left = sum(ledger.next_attempt(key, max_attempts) is not None for key in expected)
             result.incomplete = drain.requested and left > 0
-            if result.incomplete:
+            if result.incomplete and drain.signal_name == BUDGET_DRAIN:
+                result.stop_reason = reached_line(live["budget"])
+            elif result.incomplete:
                 reporter.note(
                     f"{drain.signal_name}: stopped after the sessions in flight; {left} samples left for "
                     "--resume"
@@ -191,8 +212,13 @@ def _run(
             expected_keys=expected,
             hermes=hermes_options(config, run_dir),
         )
-        leaks = _leak_check(config, dataset, secrets, run_dir, reporter)
+        leaks = _leak_check(secrets.values, checks.row_secrets, run_dir, reporter)
         merge.stats["hygiene"] = {**hygiene.statistics(), **leaks}
+        if chosen is not None and live:
+            slots = config.ray.workers * config.ray.sessions_per_worker
+            left = sum(ledger.next_attempt(key, max_attempts) is not None for key in expected)
+            for line in pilot_lines(live["per_session"], left, slots):
+                reporter.note(line)
         if live:
             # statistics.json describes the dataset (final records); these describe this invocation's work.
             merge.stats["this_invocation"] = live
@@ -201,6 +227,15 @@ def _run(
         manifest["ended_at"] = utc_now()
         run_dir.write_json(MANIFEST_FILE, manifest)
     return result
+
+
+def _note_mcp_servers(generation: Generation, reporter: RunReporter) -> None:
+    if generation.mcp_servers:
+        listed = ", ".join(
+            f"{s.name} ({s.listing.server_info}, {len(s.tool_names)} tools, {_PLACEMENT[s.config.placement]})"
+            for s in generation.mcp_servers
+        )
+        reporter.note(f"MCP servers started and listed: {listed}")
 
 
 def _reopen_failures(config: RunConfig, ledger: Ledger, resume: bool, reporter: RunReporter) -> None:
@@ -212,45 +247,11 @@ def _reopen_failures(config: RunConfig, ledger: Ledger, resume: bool, reporter: 
     reporter.note(f"--retry-failed {','.join(kinds)}: {reopened} failed samples run again")
 
 
-def _plan_samples(
-    config: RunConfig, dataset: Path, generation: Generation, ledger: Ledger, max_attempts: int
-) -> tuple[set[str], int, int]:
-    """One streaming pass: every sample key of the dataset, how many are pending, and how many rows
-    need an isolated environment."""
-    expected: set[str] = set()
-    pending = isolation = 0
-    for sample in _samples(config, dataset, generation):
-        expected.add(sample.sample_key)
-        if ledger.next_attempt(sample.sample_key, max_attempts) is not None:
-            pending += 1
-            if sample.row.metadata.get("needs_isolation") is True:
-                isolation += 1
-    return expected, pending, isolation
-
-
-def _samples(config: RunConfig, dataset: Path, generation: Generation) -> Iterator[Sample]:
-    return iter_samples(
-        dataset,
-        run_seed=config.seed,
-        distribution=generation.distribution,
-        limit=config.limit,
-        samples_per_prompt=config.samples_per_prompt,
-    )
-
-
-def _pending_samples(
-    config: RunConfig, dataset: Path, generation: Generation, ledger: Ledger
-) -> Iterator[Sample]:
-    """The samples not done yet, each as the attempt it runs next (read as the first pass consumes it)."""
-    for sample in _samples(config, dataset, generation):
-        if (attempt := ledger.next_attempt(sample.sample_key, config.retry.max_attempts)) is not None:
-            yield sample.model_copy(update={"attempt": attempt})
-
-
-def _check_hygiene(config: RunConfig, dataset: Path, reporter: RunReporter) -> HygieneReport:
+def _report_hygiene(
+    config: RunConfig, dataset: Path, report: HygieneReport, reporter: RunReporter
+) -> HygieneReport:
     """Secrets, personal data and eval-set rows in the prompts that will run, before any model call:
     reported (values masked) as warnings, or refused with ``hygiene.on_findings: refuse``."""
-    report = scan_hygiene(dataset, config.hygiene, limit=config.limit, secret_env=config.session.secret_env)
     refuse = report.has_findings and config.hygiene.on_findings == "refuse"
     reporter.hygiene_checked(report, refused=refuse)
     if refuse:
@@ -263,11 +264,10 @@ def _check_hygiene(config: RunConfig, dataset: Path, reporter: RunReporter) -> H
 
 
 def _leak_check(
-    config: RunConfig, dataset: Path, secrets: RunSecrets, run_dir: RunDir, reporter: RunReporter
+    run_secrets: Iterable[str], row_secrets: set[str], run_dir: RunDir, reporter: RunReporter
 ) -> dict[str, Any]:
     """Count secret values (API key, values of ``session.secret_env`` variables) in the run's output."""
-    values = set(secrets.values) | row_secret_values(dataset, config.session.secret_env, config.limit)
-    leaks = count_secret_leaks(run_dir, values)
+    leaks = count_secret_leaks(run_dir, set(run_secrets) | row_secrets)
     if leaks["secret_leaks"]:
         reporter.warning(
             f"{leaks['secret_leaks']} occurrence(s) of secret values in the output "
@@ -303,7 +303,15 @@ def _run_passes(
 
     config = services.config
     work = run_dir.work_dir()  # on the driver's local disk, whatever storage holds the run
-    sink = ResultSink(run_dir, ledger, config, services.reporter, services.monitor.line)
+    sink = ResultSink(
+        run_dir,
+        ledger,
+        config,
+        services.reporter,
+        services.monitor.line,
+        on_budget_reached=lambda: drain.request(BUDGET_DRAIN),
+        spent_before_usd=ledger.spent_usd,
+    )
     try:
         for pass_no in range(1, config.retry.max_attempts + 1):
             if drain.requested:
@@ -337,6 +345,10 @@ def _run_passes(
     live = sink.live_statistics()
     if (governor := services.monitor.report()) is not None:
         live["governor"] = governor
+    if services.budget is not None:
+        from raygen.distributed.budget import budget_snapshot
+
+        live["budget"] = budget_snapshot(services.budget)
     return sink.sessions, live
 
 

@@ -8,6 +8,7 @@ dataset silently is worse than stopping.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ from raygen.hygiene.leaks import host_secret_values
 from raygen.model.provider_options import request_options
 from raygen.run.endpoint import endpoint_label
 from raygen.tools.distributions import BoundDistribution, load_distribution
+from raygen.tools.mcp_config import configured_servers, referenced_values
+from raygen.tools.mcp_preflight import run_preflight
+from raygen.tools.mcp_tools import McpServerListing, mcp_toolset
 from raygen.tools.registry import ToolRegistry, load_registry
 
 
@@ -28,6 +32,8 @@ class Generation:
 
     registry: ToolRegistry
     distribution: BoundDistribution
+    mcp_servers: list[McpServerListing]
+    """The configured MCP servers as the pre-flight found them (``${VAR}`` unresolved: no secrets)."""
     model_name: str
     settings: dict[str, Any]
     """The fingerprinted inputs, as recorded under ``generation`` in ``manifest.json``."""
@@ -36,7 +42,12 @@ class Generation:
     @classmethod
     def build(cls, config: RunConfig) -> Generation:
         registry = load_registry(config.tools.plugins)
-        distribution = load_distribution(config.tools.distribution, set(registry.toolset_names()))
+        mcp_servers = _preflight_mcp(config)
+        for listing in mcp_servers:
+            registry.add(mcp_toolset(listing), origin=f"MCP server {listing.name}")
+        distribution = load_distribution(
+            config.tools.distribution, set(registry.toolset_names()), always=[s.name for s in mcp_servers]
+        )
         model = config.model
         settings = {
             "model": model.model,
@@ -44,7 +55,7 @@ class Generation:
             # an endpoint), so simulator runs made then keep their fingerprint and resume unchanged.
             "model_type": "openai" if model.type == "sim" else model.type,
             "base_url": endpoint_label(config),
-            "sampling": config.sampling.model_dump(mode="json"),
+            "sampling": _sampling(config),
             "max_turns": config.session.max_turns,
             "system_prompt": config.session.resolved_system_prompt(),
             "distribution": {"name": distribution.name, "toolsets": distribution.probabilities()},
@@ -53,12 +64,15 @@ class Generation:
             # Only when set, so runs made before these options existed keep their fingerprint.
             **_optional_generation(config),
         }
+        if mcp_servers:  # only when set, so runs without MCP keep their fingerprint
+            settings["mcp_servers"] = {s.name: _fingerprinted(s) for s in mcp_servers}
         return cls(
             registry=registry,
             distribution=distribution,
+            mcp_servers=mcp_servers,
             model_name=model.model,
-            settings=settings,
-            fingerprint=fingerprint(settings),
+            settings=_recorded_settings(settings),
+            fingerprint=fingerprint(settings),  # of the text itself, as before it was kept out
         )
 
 
@@ -72,12 +86,55 @@ class RunSecrets:
     values: list[str] = field(default_factory=list, repr=False)
     """The API key and the driver's values of ``session.secret_env`` (unset or empty ones skipped)."""
 
+    mcp_env: dict[str, str] = field(default_factory=dict, repr=False)
+    """The driver's values of the variables MCP server configs reference as ``${VAR}`` (and of
+    ``session.secret_env``, which rows' own servers may reference)."""
+
     @classmethod
     def from_environment(cls, config: RunConfig) -> RunSecrets:
         """Read from the driver's environment; a missing API key for an ``openai`` endpoint is an error."""
         api_key = _api_key(config)
         values = ([api_key] if api_key else []) + host_secret_values(config.session.secret_env)
-        return cls(api_key=api_key, values=values)
+        mcp_env = _mcp_values(config)
+        values += [value for value in mcp_env.values() if value and value not in values]
+        return cls(api_key=api_key, values=values, mcp_env=mcp_env)
+
+
+def _mcp_values(config: RunConfig) -> dict[str, str]:
+    servers = configured_servers(config.tools.mcp_servers, config.tools.mcp_config)
+    return referenced_values(servers.values(), config.session.secret_env)
+
+
+def _preflight_mcp(config: RunConfig) -> list[McpServerListing]:
+    """Start each configured MCP server once and read its tools (ConfigError, one line, if one fails)."""
+    servers = configured_servers(config.tools.mcp_servers, config.tools.mcp_config)
+    if not servers:
+        return []
+    return run_preflight(
+        servers,
+        _mcp_values(config),
+        config.env,
+        run_name=config.output.run_name or "raygen",
+        name_format=config.tools.mcp_tool_name_format,
+        start_timeout_s=config.tools.mcp_start_timeout_s,
+    )
+
+
+def _fingerprinted(listing: McpServerListing) -> dict[str, Any]:
+    # What decides the sessions: where it runs and what it is; never its variables or headers (secrets).
+    return {
+        "transport": listing.config.transport,
+        "placement": listing.config.placement,
+    }
+
+
+_CAPTURE_OPTIONS = ("logprobs", "top_logprobs", "return_token_ids")
+"""Sampling options newer than the fingerprint: in it only when set, so earlier runs keep theirs."""
+
+
+def _sampling(config: RunConfig) -> dict[str, Any]:
+    sampling = config.sampling.model_dump(mode="json")
+    return {k: v for k, v in sampling.items() if k not in _CAPTURE_OPTIONS or v}
 
 
 def _optional_generation(config: RunConfig) -> dict[str, Any]:
@@ -89,8 +146,29 @@ def _optional_generation(config: RunConfig) -> dict[str, Any]:
         "ephemeral_system_prompt": session.ephemeral_system_prompt,
         "prefill": session.resolved_prefill(),
         "store_prefill": session.store_prefill or None,
+        # The harness decides the conversation as much as the model does (raygen's own loop: absent).
+        "agent": config.agent.model_dump(mode="json") if config.agent.type != "builtin" else None,
     }
     return {key: value for key, value in optional.items() if value}
+
+
+def _recorded_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` as the manifest records them: the ephemeral system prompt is sent, never stored
+    (docs/migrating-from-hermes.md); its hash tells two runs' prompts apart (issue 28)."""
+    text = settings.get("ephemeral_system_prompt")
+    if not text:
+        return settings
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return {**settings, "ephemeral_system_prompt": {"sha256": digest, "chars": len(text)}}
+
+
+def recorded_config(config: RunConfig) -> dict[str, Any]:
+    """The resolved config as ``manifest.json`` records it: without the ephemeral system prompt's text
+    (``generation`` holds its hash)."""
+    data = config.model_dump(mode="json")
+    if data["session"].get("ephemeral_system_prompt"):
+        data["session"]["ephemeral_system_prompt"] = None
+    return data
 
 
 def _api_key(config: RunConfig) -> str:

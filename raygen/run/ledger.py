@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raygen.errors import RETRYABLE, failure_kind, is_failure_status
+from raygen.errors import RETRYABLE, UNCOUNTED, failure_kind, is_failure_status
 from raygen.formats.records import Trajectory
 from raygen.input.rows import Sample
 from raygen.output.shards import iter_shard_records
@@ -36,6 +36,8 @@ class KeyState:
     """A non-failed attempt (kept or rejected) was recorded: the sample is final."""
     last_failure: str | None = None
     """Failure kind of the latest failed attempt."""
+    uncounted: set[int] = field(default_factory=set)
+    """Attempts that ended with a failure not counted towards ``max_attempts`` (``budget_reached``)."""
     reopened_until: int = 0
     """Set by ``Ledger.reopen``: the sample may run again, up to this attempt number, whatever its last
     failure; a new failure is then judged as usual."""
@@ -50,6 +52,9 @@ class Ledger:
     """Generation fingerprints found in the records (several only after a ``--force`` resume)."""
     records: int = 0
     """Valid records scanned."""
+    spent_usd: float = 0.0
+    """What every scanned attempt cost (``cost_usd``): the run's spend before this invocation."""
+    spent_tokens: int = 0
 
     @classmethod
     def scan(cls, run_dir: Path) -> Ledger:
@@ -63,6 +68,8 @@ class Ledger:
                 log.warning("ledger: ignoring invalid record %s @%d: %s", pos.path, pos.offset, exc)
                 continue
             ledger.records += 1
+            ledger.spent_usd += summary.cost_usd
+            ledger.spent_tokens += summary.prompt_tokens + summary.completion_tokens
             if record.get("config_fingerprint"):
                 ledger.config_fingerprints.add(str(record["config_fingerprint"]))
             ledger.record(summary.sample_key, summary.attempt, summary.exit_status)
@@ -77,7 +84,8 @@ class Ledger:
             return None
         if state.attempts < state.reopened_until:
             return state.attempts + 1
-        if state.last_failure not in RETRYABLE or state.attempts >= max(max_attempts, state.reopened_until):
+        counted = state.attempts - len(state.uncounted)
+        if state.last_failure not in RETRYABLE or counted >= max(max_attempts, state.reopened_until):
             return None
         return state.attempts + 1
 
@@ -97,6 +105,8 @@ class Ledger:
         """Count one finished attempt (from a shard, or delivered to this process)."""
         state = self.keys.setdefault(key, KeyState())
         if is_failure_status(exit_status):
+            if failure_kind(exit_status) in UNCOUNTED:
+                state.uncounted.add(attempt)
             if attempt >= state.attempts:
                 state.last_failure = failure_kind(exit_status)
                 if state.last_failure not in RETRYABLE:

@@ -6,14 +6,16 @@ its row (the dataset named in the manifest, or ``--dataset``), in a fresh enviro
 artifacts stored with the record, then the hidden files. A record graded in ``same`` mode is regraded in
 a fresh one too: its artifacts are all that is left of the agent's environment.
 
-Each regraded record is appended to the run's shards as a new line of the same attempt (a later shard
-wins the merge), so the original lines stay as they were; a check that still cannot run is written as
+Each regraded record is appended to the run's shards as a new line of the same attempt, counting its
+regrade in ``verification.rescored`` (the merge takes the latest regrade of an attempt, whatever the
+files' dates), so the original lines stay as they were; a check that still cannot run is written as
 ``verify_error`` and loses to an earlier graded line (a non-failed record outranks a failed one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,8 +29,10 @@ from raygen.input.verify_spec import VerifySpec
 from raygen.output.merge import MergeResult, choose_finals
 from raygen.output.run_dir import RunDir
 from raygen.output.shards import RecordReader, ShardScanStats, ShardWriter
-from raygen.run.folder_commands import read_run_config, remerge
+from raygen.run.folder_commands import holding, merge_held, read_run_config
 from raygen.verify.grader import VerifyError, grade
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,6 +44,8 @@ class RescoreResult:
     """Checks that still could not run."""
     skipped: int = 0
     """Verified records whose row is no longer in the dataset or has no check."""
+    damaged: int = 0
+    """Final records that could not be read back as a record (left as they are, and counted)."""
     merge: MergeResult | None = None
     changes: list[tuple[str, Any, Any]] = field(default_factory=list)
     """``(sample_key, old reward, new reward)`` of the changed records (None: no reward)."""
@@ -60,9 +66,15 @@ def _checks(dataset: Path, samples_per_prompt: int, default: VerifySpec | None) 
 def rescore(
     run_dir: RunDir | str | Path, *, dataset: str | Path | None = None, concurrency: int = 4
 ) -> RescoreResult:
-    """Regrade the verified records of a run folder and re-merge it (see the module docstring)."""
+    """Regrade the verified records of a run folder and re-merge it (see the module docstring), holding
+    the run's lock throughout (``RunLocked`` while a driver, merge or rescore holds it)."""
     run = RunDir.of(run_dir)
-    config = read_run_config(run)
+    config = read_run_config(run)  # before the lock: a folder without a run is not created
+    with holding(run, "rescore"):
+        return _rescore_held(run, config, dataset, concurrency)
+
+
+def _rescore_held(run: RunDir, config: Any, dataset: str | Path | None, concurrency: int) -> RescoreResult:
     source = Path(dataset or config.dataset or "")
     if source.is_dir():  # a Harbor tasks folder, read as the run read it
         from raygen.verify.harbor import tasks_to_jsonl
@@ -70,13 +82,18 @@ def rescore(
         source, _ = tasks_to_jsonl(source, config.env.type)
     checks = dict(_checks(source, config.samples_per_prompt, config.verify.default))
     finals, _ = choose_finals(run, config.filters, run.read_keys(), ShardScanStats())
+    result = RescoreResult()
     records = []
     with RecordReader() as reader:
         for final in finals.values():
-            record = Trajectory.model_validate_json(reader.read_line(final.pos))
+            try:
+                record = Trajectory.model_validate_json(reader.read_line(final.pos))
+            except ValueError as exc:  # one damaged line is that record's problem, never the command's
+                result.damaged += 1
+                log.warning("%s: record %s cannot be read back, left as it is: %s", run, final.key, exc)
+                continue
             if record.verification is not None:
                 records.append(record)
-    result = RescoreResult()
     writer = ShardWriter(run, f"rescore-{uuid.uuid4().hex[:12]}", 10_000, 3600.0)
     try:
         regraded = asyncio.run(
@@ -94,7 +111,7 @@ def rescore(
             writer.add(new.model_dump_json())
     finally:
         writer.close()
-    result.merge = remerge(run)
+    result.merge = merge_held(run, config)
     return result
 
 
@@ -129,6 +146,8 @@ async def regrade(
     missing = [p for p in spec.artifacts if p not in stored]
     session_status = record.verification.session_status if record.verification else ""
     session_status = session_status or "completed"
+    # Which regrade this is, in the record itself: the merge prefers the latest (not the newest file).
+    rescored = (record.verification.rescored if record.verification else 0) + 1
     fresh = spec.model_copy(update={"mode": "fresh"})
     for attempt in range(spec.retries + 1):
         try:
@@ -145,10 +164,12 @@ async def regrade(
             if attempt < spec.retries:
                 continue
             exc.verification.session_status = session_status
+            exc.verification.rescored = rescored
             update = {"reward": None, "verification": exc.verification, "exit_status": "error:verify_error"}
             update.update(completed=False, error=f"verify_error: {exc}")
             return record.model_copy(update=update)
     graded.verification.session_status = session_status
+    graded.verification.rescored = rescored
     update = {"reward": graded.reward, "verification": graded.verification, "exit_status": session_status}
     update.update(completed=session_status == "completed", error=None)
     return record.model_copy(update=update)

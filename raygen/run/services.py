@@ -1,6 +1,7 @@
 """The services a run's sessions need, started before the first pass and stopped after the last, in
 reverse order, however the run ends: this node's leftover containers reaped, the built-in simulator
-(when the config names no endpoint), Ray, and the cluster-wide governor.
+(when the config names no endpoint), Ray, the cluster-wide governor, and the run's budget (with
+``--max-cost`` / ``--max-tokens``).
 
 Ray is imported only inside (through ``raygen.distributed``), so importing the driver stays cheap.
 """
@@ -31,6 +32,8 @@ class RunServices:
     """``GovernorMonitor``: the governor's line for the progress display and its history."""
     generation: Generation
     reporter: RunReporter
+    budget: Any = None
+    """The run's budget actor (``raygen.distributed.budget``), or None without a budget."""
 
     @property
     def config(self) -> RunConfig:
@@ -39,8 +42,13 @@ class RunServices:
 
 @contextmanager
 def run_services(
-    config: RunConfig, generation: Generation, secrets: RunSecrets, reporter: RunReporter
+    config: RunConfig,
+    generation: Generation,
+    secrets: RunSecrets,
+    reporter: RunReporter,
+    spent: tuple[float, int] = (0.0, 0),
 ) -> Iterator[RunServices]:
+    """``spent``: USD and tokens earlier invocations of the run recorded (they count against its budget)."""
     from raygen.distributed.cluster import RAY_DATA_ACTOR_NOTE, ensure_ray, shutdown_ray
     from raygen.distributed.governor import get_or_create_governor
     from raygen.distributed.monitor import GovernorMonitor
@@ -55,8 +63,9 @@ def run_services(
                 stack.callback(shutdown_ray)
         reporter.note(RAY_DATA_ACTOR_NOTE)
         # Created by the driver so it lives exactly as long as the run (named: workers find it).
+        governor = config.governor.bounded(getattr(config.model, "retry_max_wait_s", None))
         monitor = GovernorMonitor(
-            get_or_create_governor(config.governor, base_url, config.model.model, secrets.api_key)
+            get_or_create_governor(governor, base_url, config.model.model, secrets.api_key)
         )
         # Likewise the sandbox governor, when the backend's fleet has limits (docker, modal, singularity).
         fleet = getattr(config.env, "fleet", None)
@@ -69,8 +78,18 @@ def run_services(
             api_key=SecretStr(secrets.api_key),
             config_fingerprint=generation.fingerprint,
             secret_values=[SecretStr(v) for v in secrets.values],
+            mcp_servers=generation.mcp_servers,
+            mcp_env={name: SecretStr(value) for name, value in secrets.mcp_env.items()},
         )
-        yield RunServices(plan=plan, monitor=monitor, generation=generation, reporter=reporter)
+        budget = None
+        if config.budget.limits_anything():
+            from raygen.distributed.budget import start_budget
+
+            b, model = config.budget, config.model
+            # A call (with its retries) that has not settled after this long has lost its session actor.
+            ttl_s = getattr(model, "timeout_s", 600.0) * (getattr(model, "max_retries", 0) + 2)
+            budget = start_budget(str(config.output.run_name), b.max_cost_usd, b.max_tokens, spent, ttl_s)
+        yield RunServices(plan=plan, monitor=monitor, generation=generation, reporter=reporter, budget=budget)
 
 
 def reap(config: RunConfig, reporter: RunReporter) -> None:

@@ -4,10 +4,13 @@ several samples per prompt pointless."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from raygen.errors import InputError
+from raygen.input.validate import DatasetReport, Finding
 from raygen.run.reporter import RunReporter
 
 
@@ -27,6 +30,34 @@ def prepare_dataset(config: Any, dataset: Path, reporter: RunReporter) -> Path:
             [f"{k}: {v}" for k, v in problems.items()],
         )
     return path
+
+
+def task_findings(report: DatasetReport, source: Path) -> DatasetReport:
+    """``report`` of the prompts file made from the Harbor tasks folder ``source``, its notices and
+    problems naming the task's own file (``TASK/instruction.md`` for the prompt, ``TASK/task.toml`` for
+    the rest) instead of a line of the cached file; line N is the N-th task folder. Any other report
+    is returned as it is."""
+    if not source.is_dir():
+        return report
+    from raygen.verify.harbor import task_folders
+
+    folders = task_folders(source)
+
+    def task_name(match: re.Match[str]) -> str:
+        number = int(match[1])
+        return f"task {folders[number - 1].name}" if 1 <= number <= len(folders) else match[0]
+
+    def relabel(finding: Finding) -> Any:
+        if not 1 <= finding.line <= len(folders):
+            return finding
+        name = "instruction.md" if finding.field in ("prompt", "(line)") else "task.toml"
+        message = re.sub(r"\bline (\d+)\b", task_name, finding.message)
+        return replace(finding, path=str(folders[finding.line - 1] / name), line=0, message=message)
+
+    report.path = str(source)
+    report.notices = [relabel(n) for n in report.notices]
+    report.problems = [relabel(p) for p in report.problems]
+    return report
 
 
 def _warn_deterministic(config: Any, reporter: RunReporter) -> None:

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from raygen.errors import ConfigError
+from raygen.formats.prefilter import Prefilter
 from raygen.formats.records import SafetyLabel
 
 DEFAULT_RULES_FILE = "rules_v1.yaml"
@@ -26,7 +27,6 @@ MAX_CHECKED_CHARS = 20_000
 whose argument is a huge file body; rules look for commands and paths, which come early."""
 ANY_TOOL = "*"
 _MACRO = re.compile(r"\{\{(\w+)\}\}")
-_UNJOINABLE = re.compile(r"\\[1-9]|\(\?P=|^\(\?[aiLmsux]+\)")
 """Patterns that keep their meaning only as whole expressions: numbered back-references, named ones,
 a leading global flag."""
 
@@ -144,7 +144,7 @@ class RuleSet(BaseModel):
         return [rule for rule in self.rules if rule.matches(tool, args)]
 
     @cached_property
-    def _screens(self) -> dict[str, list[tuple[str, list[re.Pattern[str]]]]]:
+    def _screens(self) -> dict[str, list[tuple[str, Prefilter]]]:
         """Per tool name, built on first use (a cached property: a private attribute of a pydantic
         model costs ~1.5 µs a read)."""
         return {}
@@ -155,42 +155,22 @@ class RuleSet(BaseModel):
         screens = self._screens.get(tool)
         if screens is None:
             screens = self._screens[tool] = self._screens_for(tool)
-        for name, patterns in screens:
+        for name, screen in screens:
             value = args.get(name)
-            if isinstance(value, str) and value:
-                text = value[:MAX_CHECKED_CHARS]
-                if any(p.search(text) for p in patterns):
-                    return True
+            if isinstance(value, str) and value and screen.might_match(value[:MAX_CHECKED_CHARS]):
+                return True
         return False
 
-    def _screens_for(self, tool: str) -> list[tuple[str, list[re.Pattern[str]]]]:
-        """Per argument name: every pattern of the rules for ``tool`` that search it, joined into one
-        expression, plus on their own those that cannot be joined (back-references are numbered
-        within their own pattern; a global flag such as ``(?m)`` must start its expression)."""
+    def _screens_for(self, tool: str) -> list[tuple[str, Prefilter]]:
+        """Per argument name: every pattern of the rules for ``tool`` that search it, as one linear-time
+        gate (``raygen.formats.prefilter``: ~10x faster than trying Python alternations at every
+        position, which was most of the pre-launch scan of a prompts file)."""
         by_arg: dict[str, list[str]] = {}
         for rule in self.rules:
             if rule.applies_to(tool):
                 for name in rule.args:
                     by_arg.setdefault(name, []).extend(rule.patterns)
-        screens = []
-        for name, sources in by_arg.items():
-            alone = [s for s in sources if _UNJOINABLE.search(s)]
-            joined = self._joined([s for s in sources if not _UNJOINABLE.search(s)])
-            screens.append((name, [re.compile(s) for s in [*joined, *alone]]))
-        return screens
-
-    def _joined(self, sources: list[str]) -> list[str]:
-        """``sources`` as one alternation, those that start with the same macro sharing it (the
-        ``{{cmd}}`` prefix fails at once where no command starts, so the rest is tried only where one
-        does: 3x faster than trying every pattern at every position)."""
-        groups: dict[str, list[str]] = {}
-        for source in sources:
-            prefix = next((m for m in self.macros.values() if m and source.startswith(m)), "")
-            groups.setdefault(prefix, []).append(source[len(prefix) :])
-        parts = [
-            f"(?:{prefix})(?:{'|'.join(f'(?:{rest})' for rest in rests)})" for prefix, rests in groups.items()
-        ]
-        return ["|".join(parts)] if parts else []
+        return [(name, Prefilter(sources)) for name, sources in by_arg.items()]
 
     def label_call(self, tool: str, args: dict[str, Any], turn: int) -> list[SafetyLabel]:
         """One ``SafetyLabel`` per rule the call triggers (usually none)."""

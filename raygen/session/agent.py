@@ -15,23 +15,23 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
+from raygen.agents import create_harness
 from raygen.config import SessionConfig
 from raygen.envs import EnvSpec, create_environment, environment_class
 from raygen.envs.fleet import OpenSandboxGate, SandboxGate, SandboxRefused
 from raygen.errors import SessionFailure
-from raygen.formats.limits import capped_record, cut_reply, reply_chars
+from raygen.formats.limits import cut_reply, reply_chars
 from raygen.formats.prompting import request_messages
 from raygen.formats.reasoning import split_reasoning
 from raygen.formats.records import (
+    AgentInfo,
     Artifact,
     EnvInfo,
     ReasoningCounts,
     SafetyLabel,
-    Timing,
+    ThreadInfo,
     ToolStat,
     Trajectory,
     TurnInfo,
@@ -39,37 +39,22 @@ from raygen.formats.records import (
     Verification,
 )
 from raygen.formats.scrub import Scrubber, worker_secret_values
-from raygen.formats.sharegpt import to_sharegpt, tools_block
 from raygen.formats.text import cap_text
 from raygen.input.rows import Sample
 from raygen.input.verify_spec import VerifySpec
 from raygen.model.base import SAMPLE_INDEX, ChatModel
-from raygen.safety import label_tool_call, rules_version
-from raygen.tools.base import Tool, ToolContext, ToolResult
+from raygen.model.gate_hold import session_deadline
+from raygen.model.pricing import CostPolicy, ModelPricing, SessionSpend
+from raygen.safety import label_tool_call
+from raygen.session.capture import TurnCapture
+from raygen.session.harness import run_harness
+from raygen.session.offer import OFFERS_KEPT, Offer
+from raygen.session.record import build_record
+from raygen.tools.base import ToolContext, ToolResult
+from raygen.tools.mcp_session import McpSettings
 from raygen.verify.grader import VerifyError, collect_artifacts, grade
 
 log = logging.getLogger(__name__)
-
-_OFFERS_KEPT = 256
-"""Distinct sets of offered toolsets whose tools and schemas a runner keeps (rows name their toolsets,
-so a dataset could name many combinations; past this they are built per session, as before)."""
-
-
-@dataclass(frozen=True)
-class _Offer:
-    """What a session with these toolsets is offered, built once per runner and shared read-only by its
-    sessions: the tool objects are stateless and their schemas never change."""
-
-    tools: list[Tool]
-    offered: dict[str, Tool]
-    schemas: list[dict[str, Any]]
-    tools_block: str
-    """The schemas as the ShareGPT system turn shows them."""
-
-    @classmethod
-    def of(cls, tools: list[Tool]) -> _Offer:
-        schemas = [t.schema() for t in tools]
-        return cls(tools, {t.name: t for t in tools}, schemas, tools_block(schemas))
 
 
 class SessionRunner:
@@ -88,10 +73,19 @@ class SessionRunner:
         secret_values: list[str] | None = None,
         verify_default: VerifySpec | None = None,
         on_sandbox: Callable[[int], None] | None = None,
+        mcp: McpSettings | None = None,
+        cost: CostPolicy | None = None,
+        agent: Any = None,  # an AgentConfig (raygen.agents.configs); None: raygen's own loop
         sandbox_gate: SandboxGate | None = None,
         sandbox_key: str = "",
     ):
         self.model = model
+        self.mcp = mcp or McpSettings()
+        """The run's MCP servers and options (raygen/tools/mcp_session.py)."""
+        # Prices each call and keeps it within the run's and the session's budgets (raygen.model.pricing).
+        self.cost = cost or CostPolicy(ModelPricing.resolve(model.name))
+        self.harness = create_harness(agent)
+        """The harness run as each session (``agent:`` config); None: raygen's own loop."""
         self.sandbox_gate: SandboxGate = sandbox_gate or OpenSandboxGate()
         """Asked before each sandbox is created (the cluster-wide sandbox governor, raygen.envs.fleet)."""
         self.sandbox_key = sandbox_key or str(getattr(env_config, "type", ""))
@@ -115,15 +109,15 @@ class SessionRunner:
         # The worker's own credential-looking variables too: a tool may read them (/proc, a stray file)
         # even when the driver's secret_env did not name them.
         self.scrubber = Scrubber([*(secret_values or []), *worker_secret_values()])
-        self._offers: dict[tuple[str, ...], _Offer] = {}
+        self._offers: dict[tuple[str, ...], Offer] = {}
 
-    def offer(self, toolsets: list[str]) -> _Offer:
+    def offer(self, toolsets: list[str]) -> Offer:
         """The tools of ``toolsets`` (ConfigError for an unknown one), from the runner's cache."""
         key = tuple(toolsets)
         offer = self._offers.get(key)
         if offer is None:
-            offer = _Offer.of(self.registry.tools_for(toolsets))
-            if len(self._offers) < _OFFERS_KEPT:
+            offer = Offer.of(self.registry.tools_for(toolsets))
+            if len(self._offers) < OFFERS_KEPT:
                 self._offers[key] = offer
         return offer
 
@@ -133,7 +127,7 @@ class SessionRunner:
         # A sample of a group asks the model for its own seed (raygen.model.base.request_seed).
         index = SAMPLE_INDEX.set(sample.sample_index if sample.group_id is not None else None)
         try:
-            async with asyncio.timeout(self.cfg.session_timeout_s):
+            async with session_deadline(self.cfg.session_timeout_s):
                 await state.run()
         except SessionFailure as failure:
             state.fail(failure.exit_status, str(failure))
@@ -144,6 +138,7 @@ class SessionRunner:
             state.fail("error:internal", "".join(traceback.format_exception_only(exc)).strip())
         finally:
             SAMPLE_INDEX.reset(index)
+            state.spend.end()
         return state.to_record()
 
 
@@ -153,12 +148,17 @@ class _SessionState:
         self.runner = runner
         self.offer = runner.offer(sample.toolsets)
         self.tools, self.offered, self.schemas = self.offer.tools, self.offer.offered, self.offer.schemas
+        self.tools_block = self.offer.tools_block
+        self.toolsets_used = list(sample.toolsets) + sorted(set(sample.row.mcp_servers or ()))
         self.messages: list[dict[str, Any]] = []
         if runner.system_prompt:
             self.messages.append({"role": "system", "content": runner.system_prompt})
         if runner.cfg.store_prefill:
             self.messages.extend(dict(m) for m in runner.prefill)
         self.messages.append({"role": "user", "content": sample.row.prompt})
+        self.first_generated = len(self.messages)
+        """Index of the first message the session itself adds (the loss mask's start)."""
+        self.capture = TurnCapture()
         self.tool_stats = {name: ToolStat() for name in runner.registry.all_tool_names()}
         self.tool_errors: dict[str, int] = {}
         self.hallucinated: list[str] = []
@@ -170,6 +170,7 @@ class _SessionState:
         self.reasoning = ReasoningCounts()
         self.turns: list[TurnInfo] = []
         self.usage = Usage()
+        self.spend = SessionSpend(runner.cost)
         self.api_calls = 0
         self.completed = False
         self.exit_status = "max_turns"
@@ -180,6 +181,10 @@ class _SessionState:
         self.reward: float | None = None
         self.verification: Verification | None = None
         self.artifacts: list[Artifact] = []
+        self.mcp = runner.mcp.for_session(sample.toolsets, sample.row.mcp_servers)
+        self.binds: list[str] = []  # a harness's seat folder, while its environment starts
+        self.agent_info: AgentInfo | None = None
+        self.threads: list[ThreadInfo] = []
 
     async def run(self) -> None:
         await self._check_image()
@@ -191,11 +196,18 @@ class _SessionState:
                 output_max_chars=self.runner.cfg.tool_output_max_chars,
                 default_timeout_s=self.runner.cfg.command_timeout_s,
                 max_timeout_s=self.runner.cfg.max_command_timeout_s,
+                mcp=self.mcp,
             )
             self._stack = stack
-            if self.runner.sandbox_first and self.offered:
+            if self.runner.sandbox_first and self.offered and self.runner.harness is None:
                 await self._ensure_env(ctx)
-            await self._loop(ctx)
+            if self.mcp is not None:
+                stack.push_async_callback(self.mcp.close)  # again after the environment: closed before it
+                await self._start_row_servers(ctx)
+            if self.runner.harness is not None:
+                await run_harness(self, ctx)
+            else:
+                await self._loop(ctx)
             await self._verify(ctx)
             t = time.monotonic()
         if ctx.env is not None:
@@ -209,6 +221,7 @@ class _SessionState:
             cwd=self.sample.row.cwd,
             env=dict(self.sample.row.env),
             secret_values=self.runner.scrubber.values,
+            binds=list(self.binds),
         )
 
     async def _ensure_env(self, ctx: ToolContext) -> None:
@@ -236,7 +249,23 @@ class _SessionState:
         if self.runner.on_sandbox is not None:
             self.runner.on_sandbox(+1)
             self._stack.callback(self.runner.on_sandbox, -1)
+        if self.mcp is not None:
+            self._stack.push_async_callback(self.mcp.close)
         self.env_s += time.monotonic() - t
+
+    async def _start_row_servers(self, ctx: ToolContext) -> None:
+        """A row's own MCP servers start before the first model call: their tools join the offer."""
+        servers = self.sample.row.mcp_servers
+        if not servers:
+            return
+        if any(server.transport == "stdio" for server in servers.values()):
+            await self._ensure_env(ctx)
+        toolsets = await self.mcp.start_row_servers(servers, ctx)
+        added = [tool for toolset in toolsets for tool in toolset.tools]
+        kept = [tool for tool in self.tools if tool.name not in {t.name for t in added}]
+        self.offer = Offer.of(kept + added)
+        self.tools, self.offered, self.schemas = self.offer.tools, self.offer.offered, self.offer.schemas
+        self.tool_stats.update({tool.name: ToolStat() for tool in added})
 
     async def _verify(self, ctx: ToolContext) -> None:
         """Grade what the agent left behind with the row's check, if it has one (after the last turn,
@@ -296,22 +325,23 @@ class _SessionState:
 
     async def _loop(self, ctx: ToolContext) -> None:
         for _ in range(self.runner.cfg.max_turns):
+            sent = request_messages(
+                self.messages, self.runner.cfg.ephemeral_system_prompt, self.runner.sent_prefill
+            )
+            ticket = await self.spend.before_call(sent, self.schemas)  # a budget may end the session here
             t = time.monotonic()
             self.api_calls += 1  # before the call: one that fails after its retries was still made
+            completion = None
             try:
-                sent = request_messages(
-                    self.messages, self.runner.cfg.ephemeral_system_prompt, self.runner.sent_prefill
-                )
                 completion = await self.runner.model.complete(sent, self.schemas)
             finally:
                 self.model_s += time.monotonic() - t
+                self.spend.after_call(ticket, completion)
             self.usage.prompt_tokens += completion.prompt_tokens
             self.usage.completion_tokens += completion.completion_tokens
             message = {k: v for k, v in completion.message.items() if v is not None}
             message["role"] = "assistant"
-            self.turns.append(
-                TurnInfo(finish_reason=completion.finish_reason, provider=completion.extra.get("provider"))
-            )
+            self.turns.append(self.capture.turn(completion))
             size, limit = reply_chars(message), self.runner.cfg.max_reply_chars
             if size > limit:
                 self.messages.append(cut_reply(message, size))  # its head, so the record shows what came
@@ -393,50 +423,4 @@ class _SessionState:
         self.completed, self.exit_status, self.error = False, exit_status, self.scrubber.scrub(error)
 
     def to_record(self) -> Trajectory:
-        ended = time.time()
-        row = self.sample.row
-        record = Trajectory(
-            id=self.sample.record_id,
-            sample_key=self.sample.sample_key,
-            prompt_index=self.sample.prompt_index,
-            attempt=self.sample.attempt,
-            category=row.category,
-            metadata=dict(row.metadata),
-            conversations=to_sharegpt(self.messages, self.schemas, self.offer.tools_block),
-            messages=self.messages,
-            completed=self.completed,
-            exit_status=self.exit_status,
-            error=self.error,
-            api_calls=self.api_calls,
-            toolsets_used=list(self.sample.toolsets),
-            tools_offered=sorted(self.offered),
-            tool_stats=self.tool_stats,
-            tool_error_counts=self.tool_errors,
-            hallucinated_tools=self.hallucinated,
-            reasoning=self.reasoning,
-            usage=self.usage,
-            timing=Timing(
-                started_at=_iso(self.started),
-                ended_at=_iso(ended),
-                duration_s=round(ended - self.started, 4),
-                model_s=round(self.model_s, 4),
-                tools_s=round(self.tools_s, 4),
-                env_setup_s=round(self.env_s, 4),
-            ),
-            model=self.runner.model.name,
-            env=self.env_info,
-            config_fingerprint=self.runner.config_fingerprint,
-            safety_labels=self.safety_labels,
-            safety_rules_version=rules_version(),
-            group_id=self.sample.group_id,
-            sample_index=self.sample.sample_index,
-            reward=self.reward,
-            verification=self.verification,
-            artifacts=self.artifacts,
-            turns=self.turns,
-        )
-        return capped_record(self.scrubber.scrub_record(record), self.runner.cfg.max_record_bytes)
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
+        return build_record(self)

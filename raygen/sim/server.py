@@ -32,6 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
+from raygen.formats.chat_template import load_tokenizer
 from raygen.model.configs import SimConfig
 from raygen.model.sim_policy import (
     count_assistant_turns,
@@ -42,6 +43,7 @@ from raygen.model.sim_policy import (
 )
 from raygen.sim.limits import RateLimits
 from raygen.sim.streaming import stream_reply
+from raygen.sim.tokens import add_token_fields
 
 URL_LINE_PREFIX = "RAYGEN_SIM_URL="
 """First stdout line of ``python -m raygen.sim``: the bound base URL."""
@@ -132,6 +134,8 @@ class SimServer:
         """Base URL of the OpenAI API, e.g. ``http://127.0.0.1:PORT/v1``."""
 
     async def start(self) -> None:
+        if self.cfg.tokenizer:  # fail at start, naming the fix, rather than with a 500 per request
+            load_tokenizer(self.cfg.tokenizer)
         app = web.Application(client_max_size=256 * 1024 * 1024)  # long agent conversations are big
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
@@ -242,11 +246,11 @@ class SimServer:
                 reply = respond(body, self.cfg)
                 tokens = reply.prompt_tokens + reply.completion_tokens
             wait_s = self._limits.try_admit(tokens)
-            headers = self._limits.headers()
+            headers = self._limits.headers() if self.cfg.rate_limit_headers else {}
             if wait_s > 0:
                 headers["Retry-After"] = str(max(1, math.ceil(wait_s)))
                 headers["retry-after-ms"] = str(math.ceil(wait_s * 1000))
-                self._record(429, body, None, [])
+                self._record(429, body, {"retry_after_s": round(wait_s, 3)}, [])
                 return _error(
                     429, "Rate limit reached (simulated)", "requests", "rate_limit_exceeded", headers
                 )
@@ -288,6 +292,7 @@ class SimServer:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model or SIM_MODEL_ID,
+            "system_fingerprint": f"raygen-sim-{self.cfg.seed}",
             "choices": [
                 {"index": 0, "message": reply.message, "finish_reason": reply.finish_reason, "logprobs": None}
             ],
@@ -297,6 +302,10 @@ class SimServer:
                 "total_tokens": reply.prompt_tokens + reply.completion_tokens,
             },
         }
+        if (price := self.cfg.reported_price) is not None:  # as OpenRouter reports a call's cost
+            micro = reply.prompt_tokens * price.input + reply.completion_tokens * price.output
+            payload["usage"]["cost"] = micro / 1e6
+        add_token_fields(payload, body, self.cfg.tokenizer)  # ids and logprobs, when asked
         if self.cfg.provider_name:
             payload["provider"] = self.cfg.provider_name
         if body.get("stream"):

@@ -55,8 +55,13 @@ async def stream_reply(
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": payload["model"],
+        "system_fingerprint": payload.get("system_fingerprint"),
         **({"provider": payload["provider"]} if "provider" in payload else {}),
     }
+    # Token ids and logprobs (when asked): the prompt's ids with the first chunk, as vLLM sends them, the
+    # reply's with the finishing one (a client joins the pieces of every chunk, so one piece is a case).
+    first = {"prompt_token_ids": payload["prompt_token_ids"]} if "prompt_token_ids" in payload else {}
+    finishing = {k: choice[k] for k in ("logprobs", "token_ids") if choice.get(k) is not None}
 
     async def send(body: dict[str, Any]) -> None:
         if chunk_delay_s > 0:
@@ -64,8 +69,10 @@ async def stream_reply(
         await response.write(b"data: " + json.dumps(body).encode() + b"\n\n")
 
     for delta in chunk_deltas(choice["message"]):
-        await send({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-    await send({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]})
+        await send({**base, **first, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+        first = {}
+    end = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"], **finishing}
+    await send({**base, "choices": [end]})
     if include_usage:
         await send({**base, "choices": [], "usage": payload["usage"]})
     await response.write(b"data: [DONE]\n\n")

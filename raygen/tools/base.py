@@ -38,6 +38,8 @@ class ToolContext:
     output_max_chars: int = 16_000
     default_timeout_s: float = 60.0
     max_timeout_s: float = 600.0
+    mcp: Any = None
+    """The session's MCP servers (``raygen.tools.mcp_tools.McpSessionServers``), if it has any."""
 
 
 class Tool(ABC):
@@ -73,7 +75,7 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _json_type_name(value: Any) -> str:
+def _json_type_name(value: object) -> str:
     # bool before integer: True is an int in Python but never a number in JSON schema
     if value is None:
         return "null"
@@ -83,7 +85,7 @@ def _json_type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def check_arguments(parameters: dict[str, Any], args: Any) -> str | None:
+def check_arguments(parameters: dict[str, Any], args: object) -> str | None:
     """Check ``args`` against a flat JSON schema (required keys, top-level types); None when valid.
 
     The message is meant for the model, e.g. ``"missing required argument 'path'"``. An optional argument

@@ -14,6 +14,7 @@ Usage: ``load_distribution(name_or_path, known_toolsets)`` returns a ``BoundDist
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -85,6 +86,8 @@ class BoundDistribution:
 
     distribution: Distribution
     available: tuple[str, ...]
+    always: tuple[str, ...] = ()
+    """Toolsets added to every draw (the run's MCP servers the distribution does not name)."""
 
     @property
     def name(self) -> str:
@@ -92,11 +95,13 @@ class BoundDistribution:
 
     def probabilities(self) -> dict[str, float]:
         """Probability (percent) of each registered toolset."""
-        return self.distribution.probabilities(list(self.available))
+        drawn = self.distribution.probabilities(list(self.available))
+        return dict(sorted({**drawn, **dict.fromkeys(self.always, 100.0)}.items()))
 
     def draw(self, run_seed: int, sample_key: str) -> list[str]:
         """The sorted toolsets offered to one sample."""
-        return self.distribution.draw(run_seed, sample_key, list(self.available))
+        drawn = self.distribution.draw(run_seed, sample_key, list(self.available))
+        return sorted({*drawn, *self.always})
 
 
 def _parse(name: str, spec: Any, source: str) -> Distribution:
@@ -138,16 +143,23 @@ def _load_file(path: Path) -> Distribution:
     return _parse(str(name), data, str(path))
 
 
-def load_distribution(name_or_path: str, known_toolsets: set[str]) -> BoundDistribution:
+def load_distribution(
+    name_or_path: str, known_toolsets: set[str], always: Iterable[str] = ()
+) -> BoundDistribution:
     """A built-in distribution by name, or one from a YAML file ``{name, description, toolsets}``,
-    checked against and bound to ``known_toolsets``. Raises ``ConfigError`` with the valid choices."""
+    checked against and bound to ``known_toolsets``. Raises ``ConfigError`` with the valid choices.
+    Toolsets of ``always`` that the distribution does not name are offered to every sample."""
     builtins = _builtins()
     if name_or_path in builtins:
-        return builtins[name_or_path].bind(known_toolsets)
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists() or "/" in name_or_path:
-        return _load_file(path).bind(known_toolsets)
-    raise ConfigError(
-        f"unknown toolset distribution {name_or_path!r}; built-ins: {', '.join(sorted(builtins))} "
-        "(or give the path of a YAML file)"
-    )
+        distribution = builtins[name_or_path]
+    else:
+        path = Path(name_or_path)
+        if not (path.suffix in (".yaml", ".yml") or path.exists() or "/" in name_or_path):
+            raise ConfigError(
+                f"unknown toolset distribution {name_or_path!r}; built-ins: {', '.join(sorted(builtins))} "
+                "(or give the path of a YAML file)"
+            )
+        distribution = _load_file(path)
+    added = tuple(sorted(set(always) - set(distribution.toolsets)))
+    bound = distribution.bind(known_toolsets - set(added))
+    return BoundDistribution(bound.distribution, bound.available, added)

@@ -88,8 +88,10 @@ def encode_artifact(path: str, data: bytes) -> Artifact:
 
 
 def decode_artifact(artifact: Artifact) -> bytes:
+    """The artifact's bytes; ValueError if its stored base64 is damaged (``encode_artifact`` never
+    writes any other)."""
     if artifact.encoding == "base64":
-        return base64.b64decode(artifact.content)
+        return base64.b64decode(artifact.content, validate=True)
     return artifact.content.encode("utf-8")
 
 
@@ -160,7 +162,11 @@ async def _check(
 
 async def _stage(env: Environment, spec: VerifySpec, artifacts: list[Artifact]) -> None:
     for artifact in artifacts:
-        await env.write_file(artifact.path, decode_artifact(artifact))
+        try:
+            data = decode_artifact(artifact)
+        except ValueError as exc:  # a record damaged on disk: this record's check, not the command
+            raise _CheckFailed(f"the stored artifact {artifact.path} is damaged (base64: {exc})") from None
+        await env.write_file(artifact.path, data)
     # Hidden files last, so they overwrite anything of the same name the agent left behind.
     for path, text in spec.files.items():
         await env.write_file(path, text.encode("utf-8"))

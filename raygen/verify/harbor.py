@@ -58,7 +58,7 @@ class HarborTask:
     """Build context's Dockerfile, when the row's image has to be built."""
 
 
-def _task_folders(root: Path) -> list[Path]:
+def task_folders(root: Path) -> list[Path]:
     if (root / "task.toml").exists():
         return [root]
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -68,12 +68,47 @@ def _problem(problems: list[str], path: Path, name: str, message: str) -> None:
     problems.append(f"{path}: {name}: {message}")
 
 
-def _read_toml(path: Path, problems: list[str]) -> dict[str, Any]:
+def _read_text(path: Path, problems: list[str]) -> str | None:
+    """The file's text, or None with one problem line (missing, a directory, not UTF-8, unreadable)."""
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         _problem(problems, path, "(file)", "missing")
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except IsADirectoryError:
+        _problem(problems, path, "(file)", "a directory, not a file")
+    except UnicodeDecodeError as exc:
+        _problem(problems, path, "(file)", f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except OSError as exc:
+        _problem(problems, path, "(file)", f"cannot be read: {exc.strerror or exc}")
+    return None
+
+
+def _links_out(folder: Path, problems: list[str]) -> bool:
+    """Whether any symbolic link under ``folder`` leads out of it (each one a problem). Task folders are
+    shared datasets: a link to a host file (cloud credentials) would be read, staged into the container
+    and stored with every record, so none is followed (issue 28)."""
+    inside = folder.resolve()
+    found = False
+    for parent, dirs, files in os.walk(folder):  # does not descend into linked folders
+        for name in sorted(dirs + files):
+            path = Path(parent) / name
+            if not path.is_symlink():
+                continue
+            target = path.resolve()
+            if target != inside and inside not in target.parents:
+                message = f"a symbolic link out of the task folder (to {target}); task folders are shared: "
+                _problem(problems, path, "(file)", message + "copy the file in")
+                found = True
+    return found
+
+
+def _read_toml(path: Path, problems: list[str]) -> dict[str, Any]:
+    text = _read_text(path, problems)
+    if text is None:
+        return {}
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         _problem(problems, path, "(toml)", f"invalid TOML: {exc}")
     return {}
 
@@ -89,6 +124,8 @@ def _read_tests(folder: Path, problems: list[str]) -> dict[str, str]:
             files[f"{STAGE_DIR}/{path.relative_to(tests).as_posix()}"] = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             _problem(problems, path, "(file)", "not UTF-8 text (hidden files are staged as text)")
+        except OSError as exc:
+            _problem(problems, path, "(file)", f"cannot be read: {exc.strerror or exc}")
     return files
 
 
@@ -110,15 +147,14 @@ def _context_hash(folder: Path) -> str:
 def read_task(folder: Path, problems: list[str]) -> HarborTask | None:
     """One task folder as a row (problems appended as ``path: field: message``)."""
     before = len(problems)
+    if _links_out(folder, problems):
+        return None  # nothing of the folder is read
     task = HarborTask(name=folder.name, folder=folder)
     instruction = folder / "instruction.md"
-    try:
-        prompt = instruction.read_text(encoding="utf-8")
-        if not prompt.strip():
-            _problem(problems, instruction, "(file)", "empty")
-    except FileNotFoundError:
-        _problem(problems, instruction, "(file)", "missing")
-        prompt = ""
+    prompt = _read_text(instruction, problems)
+    if prompt is not None and not prompt.strip():
+        _problem(problems, instruction, "(file)", "empty")
+    prompt = prompt or ""
     toml_path = folder / "task.toml"
     data = _read_toml(toml_path, problems)
     metadata = _section(data, "metadata", toml_path, problems)
@@ -160,8 +196,33 @@ def read_task(folder: Path, problems: list[str]) -> HarborTask | None:
         "verify": verify,
         "metadata": {"harbor_task": folder.name, **{k: v for k, v in metadata.items() if _jsonable(v)}},
     }
+    if "mcp_servers" in environment:
+        task.row["mcp_servers"] = _mcp_servers(environment["mcp_servers"], toml_path, problems)
     _check_row(task.row, toml_path, problems)
     return task if len(problems) == before else None
+
+
+_HARBOR_TRANSPORTS = {"stdio": None, "sse": "sse", "streamable-http": "http", "http": "http"}
+
+
+def _mcp_servers(entries: Any, path: Path, problems: list[str]) -> dict[str, Any]:
+    """``[[environment.mcp_servers]]`` (name, transport, command, args, env, url) as a row's
+    ``mcp_servers``: they run in the task's own sandbox like any row's servers."""
+    servers: dict[str, Any] = {}
+    for i, entry in enumerate(entries if isinstance(entries, list) else [entries]):
+        where = f"environment.mcp_servers[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            _problem(problems, path, where, "needs a table with a string 'name'")
+            continue
+        spec = {k: v for k, v in entry.items() if k not in ("name", "transport")}
+        transport = entry.get("transport", "stdio" if "command" in entry else "streamable-http")
+        if transport not in _HARBOR_TRANSPORTS:
+            _problem(problems, path, f"{where}.transport", f"one of {', '.join(_HARBOR_TRANSPORTS)}")
+            continue
+        if _HARBOR_TRANSPORTS[transport]:
+            spec["type"] = _HARBOR_TRANSPORTS[transport]
+        servers[entry["name"]] = spec
+    return servers
 
 
 def _jsonable(value: Any) -> bool:
@@ -217,7 +278,7 @@ def load_tasks(root: Path, env_type: str) -> list[HarborTask]:
             "on the host: run them with --env docker (or singularity, modal)"
         )
     problems: list[str] = []
-    tasks = [task for folder in _task_folders(root) if (task := read_task(folder, problems)) is not None]
+    tasks = [task for folder in task_folders(root) if (task := read_task(folder, problems)) is not None]
     if problems:
         raise InputError(
             f"{root}: {len(problems)} problem(s) in Harbor tasks:\n" + "\n".join(problems), problems

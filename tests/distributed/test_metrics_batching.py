@@ -83,3 +83,31 @@ def test_without_a_running_loop_counts_go_out_at_once():
     m = _recorded(log)
     m.session_started()
     assert log[0] == ("started", "inc", 1, {"run": "r1"})
+
+
+def test_a_non_ascii_run_name_reaches_ray_as_an_ascii_tag():
+    # issue 28 case 1: `--run-name ü40` is a fine folder name, but Ray metric tags must be ASCII: every
+    # flush raised UnicodeEncodeError inside the session actors, whose samples were sent to the model again.
+    # The real Ray metric objects, no cluster: they check the tags the same way.
+    m = WorkerMetrics("ü40-日本")
+    m.session_started()
+    m.session_finished("completed")
+    m.outcome(429, 10, 3)
+    m.flush()
+    assert m._tags == {"run": "%C3%BC40-%E6%97%A5%E6%9C%AC"}  # percent-escaped, readable and reversible
+    assert WorkerMetrics("plain run.1")._tags == {"run": "plain run.1"}  # ASCII names stay as they are
+
+
+def test_a_metric_that_raises_never_reaches_the_session(caplog):
+    class Broken(_Recorder):
+        def inc(self, amount, tags):
+            raise RuntimeError("metrics backend gone")
+
+    log: list = []
+    m = _recorded(log)
+    m.started = Broken(log, "started")
+    for _ in range(2):
+        m.session_started()  # no loop: flushed at once, twice
+    assert [r.message for r in caplog.records] == [
+        "raygen metrics not exported: RuntimeError: metrics backend gone"
+    ]

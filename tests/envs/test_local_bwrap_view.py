@@ -71,3 +71,22 @@ async def test_bwrap_ro_binds_adds_a_read_only_path(tmp_path: Path, planted_key:
         assert result.exit_code == 0 and "planted-by-raygen-test" in result.stdout
         assert b"planted-by-raygen-test" in await env.read_file(str(planted_key))
         assert (await env.exec(f"echo x > {planted_key}", 10, 1000)).exit_code != 0
+
+
+async def test_binds_are_writable_and_read_only_extras_under_tmp_are_shown(tmp_path: Path):
+    # tmp_path lives under /tmp, which the sandbox replaces with the session's own: both must still show.
+    shared, tools = tmp_path / "seat", tmp_path / "tools"
+    shared.mkdir()
+    tools.mkdir()
+    (tools / "tool.sh").write_text("echo from-the-tool\n")
+    (tmp_path / "unrelated.txt").write_text("not for the sandbox")
+    spec = EnvSpec(session_key="binds", binds=[str(shared)])
+    config = LocalEnvConfig(root=tmp_path / "work", bwrap=True, bwrap_ro_binds=[str(tools)])
+    async with LocalEnvironment(config, spec) as env:
+        wrote = await env.exec(f"echo in > {shared}/note && bash {tools}/tool.sh", 10, 1000)
+        assert wrote.exit_code == 0 and wrote.stdout.strip() == "from-the-tool", wrote.stderr
+        refused = await env.exec(f"touch {tools}/x", 10, 1000)
+        assert refused.exit_code != 0  # read-only
+        listed = await env.exec(f"ls {tmp_path}", 10, 1000)
+        assert "unrelated.txt" not in listed.stdout.split()  # nothing else of the host's /tmp
+    assert (shared / "note").read_text() == "in\n"

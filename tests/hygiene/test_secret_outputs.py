@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from raygen.config import FakeEnvConfig, SessionConfig
-from raygen.hygiene import count_secret_leaks, host_secret_values, row_secret_values
+from raygen.config import FakeEnvConfig, RunConfig, SessionConfig
+from raygen.hygiene import count_secret_leaks, host_secret_values
 from raygen.input.rows import PromptRow, Sample
 from raygen.model.base import ChatModel, Completion
+from raygen.run.plan import check_dataset
 from raygen.session.agent import SessionRunner
 from raygen.tools.registry import load_registry
 
@@ -105,10 +106,16 @@ def test_secret_values_from_host_and_rows(tmp_path):
                 {"prompt": "a", "env": {"TOKEN": "t-one", "OTHER": "o"}},
                 {"prompt": "b"},
                 {"prompt": "c", "env": {"TOKEN": "t-two"}},
-                {"prompt": 5},  # invalid: skipped
+                {"prompt": 5},  # invalid
             )
         )
     )
-    assert row_secret_values(prompts, ["TOKEN"]) == {"t-one", "t-two"}
-    assert row_secret_values(prompts, ["TOKEN"], limit=1) == {"t-one"}
-    assert row_secret_values(prompts, []) == set()
+    prompts.write_text(prompts.read_text().rsplit("\n", 1)[0])  # the driver reads only valid files
+
+    def row_secrets(names: list[str], limit: int | None = None) -> set[str]:
+        config = RunConfig.model_validate({"session": {"secret_env": names}, "limit": limit})
+        return check_dataset(config, prompts, known_toolsets=set()).row_secrets
+
+    assert row_secrets(["TOKEN"]) == {"t-one", "t-two"}
+    assert row_secrets(["TOKEN"], limit=1) == {"t-one"}
+    assert row_secrets([]) == set()

@@ -27,6 +27,8 @@ def scan(tmp_path: Path, text: str | bytes):
         ({"prompt": "p", "env": {"": "1"}}, "env", "name is empty"),
         ({"prompt": "p", "env": {"A\u0000": "1"}}, "env", "NUL"),
         ({"prompt": "p", "env": {"A": "x\u0000y"}}, "env", "value of A contains a NUL"),
+        # issue 28 case 8: passed validate, then failed after the model calls as error:internal.
+        ({"prompt": "p", "verify": {"command": "pytest\u0000-q"}}, "verify.command", "NUL"),
     ],
 )
 def test_values_no_process_can_take_are_errors_of_their_line(tmp_path: Path, row, field, words):
@@ -69,3 +71,16 @@ def test_a_huge_prompt_line_passes_with_a_warning(tmp_path: Path):
     assert report.ok and report.rows == 2
     [notice] = [n for n in report.notices if n.field == "(line)"]
     assert notice.line == 1 and f"over {LARGE_LINE_BYTES}" in notice.message
+
+
+def test_validate_names_a_nul_in_a_check_command(tmp_path: Path):
+    # issue 28 case 8 through the command a user runs before spending anything.
+    from typer.testing import CliRunner
+
+    from raygen.cli import main as cli
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt": "p", "verify": {"command": "pytest\u0000-q"}}) + "\n")
+    result = CliRunner().invoke(cli.app, ["validate", str(path)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"error: {path}:1: verify.command: contains a NUL character" in " ".join(result.output.split())

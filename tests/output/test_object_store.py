@@ -157,3 +157,30 @@ def test_writes_wait_for_storage_that_comes_back(s3, monkeypatch):
             assert sorted(r["sample_key"] for r, _ in iter_shard_records(run)) == ["key-001", "key-002"]
     finally:
         relay.close()
+
+
+def test_a_rescore_wins_over_its_session_whatever_the_upload_order(s3):
+    # issue 28 case 4 on the store it names: an object's date is its upload time, so the session's own
+    # shard, uploaded after the rescore's, is the newer file. The regrade must still win.
+    import time
+
+    run = RunDir("s3://bkt/runs/rescored")
+
+    def graded(i: int, reward: float, rescored: int) -> str:
+        record = json.loads(trajectory(i))
+        verification = {"passed": reward == 1.0, "exit_code": 0, "session_status": "completed"}
+        record.update(reward=reward, verification={**verification, "rescored": rescored})
+        return json.dumps(record)
+
+    for writer_id, reward, rescored in (("rescore-0a1b", 1.0, 1), ("driver-0001", 0.0, 0)):
+        writer = ShardWriter(run, writer_id, max_records=100, flush_s=3600)
+        for i in range(4):
+            writer.add(graded(i, reward, rescored))
+        writer.close()
+        time.sleep(1.1)  # a store's dates may be whole seconds
+    assert [e.name.split("-")[0] for e in run.list_shards()] == ["rescore", "driver"]
+    merged = merge_run(run, FilterConfig(), data_shard_records=100)
+    assert (merged.kept, merged.attempts_superseded) == (4, 4)
+    files = run.output_files("data")
+    rows = [json.loads(line) for path in files for line in run.storage.read_bytes(path).splitlines()]
+    assert sorted(r["reward"] for r in rows) == [1.0] * 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from typing import Any
 
@@ -84,3 +85,23 @@ def test_bad_prefill_files_name_the_file_and_the_message(tmp_path, content, mess
     with pytest.raises(ConfigError, match=message) as info:
         load_prefill(path)
     assert str(path) in str(info.value)
+
+
+def test_the_ephemeral_system_prompt_is_recorded_only_as_a_hash():
+    # issue 28 case 9: the docs say it is never stored, yet manifest.json held it twice (config, generation).
+    from raygen.config import RunConfig, fingerprint
+    from raygen.run.generation import Generation, recorded_config
+
+    text = "EPHEMERAL-GUIDANCE: never store me."
+    config = RunConfig.model_validate({"session": {"ephemeral_system_prompt": text}})
+    generation = Generation.build(config)
+    recorded = json.dumps({"config": recorded_config(config), "generation": generation.settings})
+    assert "EPHEMERAL-GUIDANCE" not in recorded
+    digest = generation.settings["ephemeral_system_prompt"]["sha256"]
+    assert digest == hashlib.sha256(text.encode()).hexdigest()
+    # The fingerprint is the one runs made before had (the text itself hashed), so they resume unchanged,
+    # and another text is another fingerprint.
+    assert generation.fingerprint == fingerprint({**generation.settings, "ephemeral_system_prompt": text})
+    other = RunConfig.model_validate({"session": {"ephemeral_system_prompt": text + "!"}})
+    assert Generation.build(other).fingerprint != generation.fingerprint
+    assert Generation.build(RunConfig()).settings.get("ephemeral_system_prompt") is None

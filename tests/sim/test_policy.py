@@ -159,7 +159,31 @@ def test_hallucination_calls_an_unoffered_tool_then_continues():
     assert replies[0].decision["hallucinate"] is True
     # The error result of the unknown tool does not derail the rest of the script.
     assert verdict(messages) == ("ok", "ok")
+    # hallucinate, probe, read back, final answer: the offered web tools are no MCP tools, so not explored
     assert len(replies) == 4
+    assert "tool_calls" not in replies[3].message
+
+
+def test_only_mcp_tools_are_explored():
+    """A harness's own tools (Claude Code's Task, Hermes's browser) are never called with made-up
+    arguments; MCP tools (``server__tool``, Claude Code's ``mcp__server__tool``) are, once each."""
+    offered = [
+        "terminal",
+        "read_file",
+        "write_file",
+        "Task",
+        "browse_web",
+        "time__now",
+        "mcp__git__git_status",
+    ]
+    _, replies = drive("what changed", offered, SimConfig(hallucinate_rate=0.0), World())
+    explored = [
+        call["function"]["name"]
+        for reply in replies
+        for call in reply.message.get("tool_calls") or ()
+        if call["function"]["name"] not in ("terminal", "read_file", "write_file")
+    ]
+    assert explored == ["time__now", "mcp__git__git_status"]
 
 
 def test_hallucination_also_happens_without_offered_tools():
@@ -285,3 +309,42 @@ def test_stragglers_are_chosen_per_prompt_at_about_slow_rate():
     assert slow == [p for p in prompts if is_slow(p, SimConfig(slow_rate=0.1))]  # the same every time
     assert not any(is_slow(p, SimConfig()) for p in prompts)  # off by default
     assert set(slow) != {p for p in prompts if is_slow(p, SimConfig(slow_rate=0.1, seed=1))}  # seeded
+
+
+def test_offered_tools_beyond_the_built_in_ones_are_explored_once_with_schema_arguments():
+    from raygen.model.sim_policy import respond
+
+    tools = [
+        {"type": "function", "function": {"name": "terminal", "parameters": {}}},
+        {
+            "type": "function",
+            "function": {
+                "name": "time__convert_time",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "source_timezone": {"type": "string"},
+                        "time": {"type": "string"},
+                        "mode": {"type": "string", "enum": ["fast", "slow"]},
+                        "count": {"type": "integer", "default": 3},
+                        "verbose": {"type": "boolean"},
+                    },
+                    "required": ["source_timezone", "time", "mode", "count"],
+                },
+            },
+        },
+    ]
+    messages = [{"role": "user", "content": "what time is it"}]
+    cfg = SimConfig(hallucinate_rate=0.0)
+    seen = []
+    for _ in range(6):
+        reply = respond({"messages": messages, "tools": tools}, cfg)
+        messages.append(reply.message)
+        for tc in reply.message.get("tool_calls") or ():
+            seen.append((tc["function"]["name"], json.loads(tc["function"]["arguments"])))
+            messages.append({"role": "tool", "tool_call_id": tc["id"], "content": "ok"})
+        if reply.finish_reason == "stop":
+            break
+    explored = [args for name, args in seen if name == "time__convert_time"]
+    assert explored == [{"source_timezone": "Europe/Berlin", "time": "12:00", "mode": "fast", "count": 3}]
+    assert reply.finish_reason == "stop"

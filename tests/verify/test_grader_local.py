@@ -162,3 +162,11 @@ async def test_a_flaky_check_is_run_again_on_the_same_artifacts(tmp_path):
         sample_of(ROW, retries=1, **spec)
     )
     assert twice.exit_status == "completed" and twice.reward == 1.0
+
+
+async def test_a_nul_inside_a_hidden_file_is_staged_byte_exact():
+    # issue 28 case 8 names verify.files texts beside verify.command: a NUL in a command can start no
+    # process (refused by validate, tests/input/test_validate_hostile.py); in a file it is only a byte.
+    check = "python3 -c \"import sys; sys.exit(open('h.bin', 'rb').read() != b'a\\x00b')\""
+    done = await runner(ToolScript([]), ENV).run(sample_of(ROW, files={"h.bin": "a\x00b"}, command=check))
+    assert done.exit_status == "completed" and done.reward == 1.0, (done.error, done.verification)
