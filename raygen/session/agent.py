@@ -188,8 +188,9 @@ class _SessionState:
 
     async def run(self) -> None:
         await self._check_image()
-        # The environment starts at the first tool call, not before the first model call: a session
-        # waiting for the rate governor (or answering without tools) holds no sandbox.
+        # Ungoverned backends (local, fake) start the environment at the first tool call: a session
+        # waiting for the rate governor (or answering without tools) holds no sandbox. A governed fleet
+        # (raygen.envs.fleet) is waited for first, so no paid conversation waits for its sandbox.
         async with contextlib.AsyncExitStack() as stack:
             ctx = ToolContext(
                 env=None,  # type: ignore[arg-type]  # set by _ensure_env before any tool runs
