@@ -173,6 +173,9 @@ class SingularityEnvConfig(_Section):
     """Timeout of converting one remote image to SIF."""
     fleet: FleetLimits = Field(default_factory=lambda: FleetLimits(max_starting=4))
     """Sandbox governor limits, per node: 4 instance starts at once by default."""
+    exec_channel: bool = True
+    """Run commands through one long-lived ``sh`` per instance (one ``apptainer exec`` at the start)
+    instead of an ``apptainer exec`` per command (about 0.45 s each); same exit codes, timeouts, caps."""
 
 
 EnvConfig = Annotated[

@@ -24,6 +24,7 @@ from raygen.envs.processes import (
     KILL_GRACE_S,
     MAX_READ_BYTES,
     TIMEOUT_EXIT_CODE,
+    kill_group,
 )
 from raygen.envs.shell_channel import PRELUDE, Reply, ReplyBuffer, octal, quote, raise_for
 from raygen.errors import SessionFailure
@@ -250,3 +251,25 @@ async def open_over(
     writer.write(PRELUDE.encode())
     await writer.drain()
     return channel
+
+
+async def open_process_channel(
+    argv: list[str], env: dict[str, str], name: str
+) -> tuple[ExecChannel, asyncio.subprocess.Process]:
+    """The channel on a host process that runs ``sh`` in a sandbox (``apptainer exec instance://... sh``),
+    in its own process group, through its stdin and stdout pipes."""
+    process = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        return await open_over(process.stdout, process.stdin, name, framed=False), process
+    except BaseException:  # cancelled (or the pipe broke) before the caller could own the process
+        kill_group(process.pid)
+        with suppress(BaseException):
+            await asyncio.shield(process.wait())
+        raise

@@ -14,12 +14,21 @@ from 429s.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import Field
 
 from raygen.config_section import Section
 from raygen.errors import SessionFailure
+
+if TYPE_CHECKING:
+    from raygen.envs.base import Environment
+
+REFUSED_RETRIES = 3
+"""A creation the backend refused is asked for again (through the governor, which has just learned from
+the refusal) this many times before the session fails with ``env_start``."""
 
 
 class FleetLimits(Section):
@@ -72,3 +81,29 @@ class OpenSandboxGate:
 
     def closed(self, permit: Any) -> None:
         return None
+
+
+async def open_governed(
+    stack: AsyncExitStack, gate: SandboxGate, key: str, make: Callable[[], Environment]
+) -> Environment:
+    """Start ``make()``'s environment inside ``stack`` under ``gate``: a permit first, the outcome
+    reported, ``closed`` once the environment is gone (after its own close: the stack unwinds in
+    reverse). A refusal is retried (``REFUSED_RETRIES``), each time after a new permit."""
+    for attempt in range(REFUSED_RETRIES + 1):
+        permit = await gate.acquire(key)
+        made: list[bool] = []
+        stack.callback(lambda permit=permit, made=made: gate.closed(permit) if made else None)
+        try:
+            env = await stack.enter_async_context(make())
+        except SandboxRefused:
+            gate.started(permit, ok=False, refused=True)
+            if attempt == REFUSED_RETRIES:
+                raise
+            continue
+        except BaseException:
+            gate.started(permit, ok=False)
+            raise
+        made.append(True)
+        gate.started(permit, ok=True)
+        return env
+    raise AssertionError("unreachable")

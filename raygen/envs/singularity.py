@@ -43,6 +43,7 @@ from pathlib import Path
 
 from raygen.envs.base import Environment, EnvSpec, ExecResult
 from raygen.envs.configs import SingularityEnvConfig
+from raygen.envs.exec_channel import ExecChannel, open_process_channel
 from raygen.envs.fleet import SandboxRefused
 from raygen.envs.host import make_workdir, remove_tree
 from raygen.envs.processes import (
@@ -146,6 +147,8 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
         self._process_env: dict[str, str] = {}
         self._container_vars = container_variables(spec)
         self._process_groups: set[int] = set()
+        self._channel: ExecChannel | None = None
+        self._channel_process: asyncio.subprocess.Process | None = None
 
     @property
     def image(self) -> str | None:
@@ -170,6 +173,10 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
             if code != 0:
                 detail = err.decode("utf-8", "replace").strip()[-300:]
                 raise SessionFailure("env_start", f"cannot create the cwd {self.cwd}: {detail}")
+        if self.config.exec_channel:  # one sh in the instance for every command (raygen/envs/exec_channel.py)
+            argv, name = self._exec_argv("/", "sh"), self.instance_name
+            self._channel, self._channel_process = await open_process_channel(argv, self._process_env, name)
+            self._process_groups.add(self._channel_process.pid)
 
     def _make_workdir(self) -> Path:
         parent = self.config.root or tempfile.gettempdir()
@@ -208,6 +215,8 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
 
     async def _teardown(self) -> None:
         self._cancel_background()
+        if self._channel is not None:
+            await self._channel.close()
         if await self._start_outcome() is not None:
             # Stopping ends every process of the instance (its PID namespace goes with it).
             stop = [self._executable, "instance", "stop", "--force", self.instance_name]
@@ -219,6 +228,9 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
                 log.warning("could not stop instance %s: %s", self.instance_name, exc)
         for pgid in list(self._process_groups):
             kill_group(pgid)
+        if self._channel_process is not None:  # reaped, so its pipes close with it
+            with suppress(BaseException):
+                await asyncio.wait_for(self._channel_process.wait(), DRAIN_GRACE_S)
         if self.workdir is not None and not await asyncio.to_thread(remove_tree, self.workdir):
             log.warning("could not remove session workdir %s", self.workdir)
 
@@ -261,6 +273,11 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
         if _inside(self.cwd, str(self.workdir)):  # a command may have deleted its own cwd
             with suppress(OSError):
                 Path(self.cwd).mkdir(parents=True, exist_ok=True)
+        if self._channel is not None and self._channel.usable:
+            env = {name.removeprefix("APPTAINERENV_"): value for name, value in self._container_vars.items()}
+            return await self._channel.exec(
+                command, self.cwd, env, timeout_s, max_output_chars, self._kill_in_instance
+            )
         exec_id = secrets.token_hex(8)
         env = {**self._process_env, **self._container_vars, f"APPTAINERENV_{EXEC_ID_VAR}": exec_id}
         started = time.monotonic()

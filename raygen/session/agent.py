@@ -20,7 +20,7 @@ from typing import Any
 from raygen.agents import create_harness
 from raygen.config import SessionConfig
 from raygen.envs import EnvSpec, create_environment, environment_class
-from raygen.envs.fleet import OpenSandboxGate, SandboxGate, SandboxRefused
+from raygen.envs.fleet import OpenSandboxGate, SandboxGate, open_governed
 from raygen.errors import SessionFailure
 from raygen.formats.limits import cut_reply, reply_chars
 from raygen.formats.prompting import request_messages
@@ -188,8 +188,9 @@ class _SessionState:
 
     async def run(self) -> None:
         await self._check_image()
-        # The environment starts at the first tool call, not before the first model call: a session
-        # waiting for the rate governor (or answering without tools) holds no sandbox.
+        # Ungoverned backends (local, fake) start the environment at the first tool call: a session
+        # waiting for the rate governor (or answering without tools) holds no sandbox. A governed fleet
+        # (raygen.envs.fleet) is waited for first, so no paid conversation waits for its sandbox.
         async with contextlib.AsyncExitStack() as stack:
             ctx = ToolContext(
                 env=None,  # type: ignore[arg-type]  # set by _ensure_env before any tool runs
@@ -228,24 +229,12 @@ class _SessionState:
         if ctx.env is not None:
             return
         t = time.monotonic()
-        gate = self.runner.sandbox_gate
-        permit = await gate.acquire(self.runner.sandbox_key)
-        made = False
-
-        def gone() -> None:  # runs after the environment's own close (the stack unwinds in reverse)
-            if made:
-                gate.closed(permit)
-
-        self._stack.callback(gone)
-        try:
-            ctx.env = await self._stack.enter_async_context(
-                create_environment(self.runner.env_config, self._env_spec())
-            )
-        except BaseException as exc:
-            gate.started(permit, ok=False, refused=isinstance(exc, SandboxRefused))
-            raise
-        made = True
-        gate.started(permit, ok=True)
+        ctx.env = await open_governed(
+            self._stack,
+            self.runner.sandbox_gate,
+            self.runner.sandbox_key,
+            lambda: create_environment(self.runner.env_config, self._env_spec()),
+        )
         if self.runner.on_sandbox is not None:
             self.runner.on_sandbox(+1)
             self._stack.callback(self.runner.on_sandbox, -1)

@@ -64,6 +64,19 @@ def only_the_fake_modal(request, monkeypatch):
     yield
 
 
+@pytest.fixture(autouse=True)
+def creation_limit_off_unless_a_test_sets_it(request):
+    """The fake enforces Modal's 5 creations/s by default; only the tests of that limit (which set it
+    themselves) meet it: the others create sandboxes without raygen's sandbox governor in front."""
+    if request.node.get_closest_marker("modal_cloud"):
+        yield
+        return
+    fake = request.getfixturevalue("fake_modal")
+    set_limit(fake, None)
+    yield
+    set_limit(fake, 5.0)
+
+
 @pytest.fixture
 def config() -> ModalEnvConfig:
     return ModalEnvConfig(app_name="raygen-tests", timeout_s=600, cpu=0.5, memory=512, tags={"team": "t1"})
@@ -357,6 +370,7 @@ async def test_through_the_governor_no_creation_is_refused(fake_modal, config):
     began = time.monotonic()
     outcomes = await asyncio.gather(*(start_and_close(config, gate) for _ in range(12)))
     assert outcomes == ["ok"] * 12
+    # None refused: the grants are spaced at 1/(0.9 x 5) s, room for a creation's varying way to Modal.
     assert fake_modal.inspect(lambda state: state.refused_creations) == refused_before
     assert time.monotonic() - began >= 11 / 5  # paced, not bursted
 

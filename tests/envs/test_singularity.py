@@ -14,8 +14,10 @@ import functools
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -92,6 +94,32 @@ class TestSingularityConformance(EnvironmentConformance):
         await super().assert_cleaned_up(env, pids)
         assert env.workdir is not None and not env.workdir.exists()
         assert env.instance_name not in instance_names(env.config)
+
+
+class TestSingularityPerExecConformance(TestSingularityConformance):
+    """``exec_channel: false``: one ``apptainer exec`` per command keeps passing the same suite."""
+
+    @pytest.fixture
+    def make_env(self, sing_config):
+        config = sing_config.model_copy(update={"exec_channel": False})
+        return lambda **overrides: make_env(config, **overrides)
+
+
+async def test_commands_go_through_the_channel_and_take_a_fraction_of_an_apptainer_exec(sing_config):
+    timings = {}
+    for channel in (True, False):
+        config = sing_config.model_copy(update={"exec_channel": channel})
+        async with make_env(config, env={"GREETING": 'it\'s "here"'}) as env:
+            assert (env._channel is not None) == channel
+            result = await env.exec('echo "$GREETING"; exit 4', 30, 1000)
+            assert (result.exit_code, result.stdout) == (4, 'it\'s "here"\n')
+            took = []
+            for _ in range(5):
+                began = time.monotonic()
+                assert (await env.exec("echo ok", 30, 100)).stdout == "ok\n"
+                took.append(time.monotonic() - began)
+            timings[channel] = statistics.median(took)
+    assert timings[True] < timings[False] / 3, timings
 
 
 # --- without apptainer: configuration, environments, image references --------------------------------
@@ -341,7 +369,8 @@ def test_reap_stops_the_instances_a_killed_worker_left(sing_config):
 
     from raygen.envs.singularity import reap_instances
 
-    env = make_env(sing_config)
+    # No exec channel: its process would belong to the first event loop, gone before the close.
+    env = make_env(sing_config.model_copy(update={"exec_channel": False}))
     asyncio.run(env.start())  # never closed, as if its worker had been killed
     try:
         assert env.instance_name in instance_names(sing_config)

@@ -8,7 +8,7 @@ from typing import Any
 from test_agent import ListModel, call, sample
 
 from raygen.config import LocalEnvConfig, SessionConfig
-from raygen.envs.fleet import SandboxRefused
+from raygen.envs.fleet import REFUSED_RETRIES, SandboxRefused
 from raygen.envs.local import LocalEnvironment
 from raygen.session.agent import SessionRunner
 from raygen.tools.registry import load_registry
@@ -74,4 +74,29 @@ async def test_a_refused_start_fails_the_session_retryably_and_tells_the_gate(tm
     model = Recording([{"role": "assistant", "content": "never asked"}], events)
     record = await governed_runner(model, events, tmp_path).run(sample())
     assert record.exit_status == "error:env_start"
-    assert events == ["acquire local@node", "started ok=False refused=True"]  # no model call, no close
+    # asked again after each refusal (REFUSED_RETRIES), then failed: no model call, nothing to close
+    assert events == ["acquire local@node", "started ok=False refused=True"] * (1 + REFUSED_RETRIES)
+
+
+async def test_a_refused_start_is_asked_for_again_and_the_session_goes_on(tmp_path, monkeypatch):
+    refusals = [SandboxRefused("env_start", "Sandbox creation rate limit (5/s) exceeded")]
+    real_start = LocalEnvironment.start
+
+    async def refuse_once(self) -> None:
+        if refusals:
+            raise refusals.pop()
+        await real_start(self)
+
+    monkeypatch.setattr(LocalEnvironment, "start", refuse_once)
+    events: list[str] = []
+    model = Recording([{"role": "assistant", "content": "fine"}], events)
+    record = await governed_runner(model, events, tmp_path).run(sample())
+    assert record.completed
+    assert events == [
+        "acquire local@node",
+        "started ok=False refused=True",
+        "acquire local@node",
+        "started ok=True refused=False",
+        "model",
+        "closed",
+    ]
