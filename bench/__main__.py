@@ -16,6 +16,9 @@ Scenarios (``--only`` takes these names, or ``governor`` for the first two):
               Docker, sessions/s at 64 in flight with and without a server per session (no Ray)
   proxy       the agent harnesses' model proxy: its CPU per call and the latency it and the in-sandbox
               forwarder add, short and 1-MB requests, streaming and not (docs/agents.md)
+  ceiling     N prompts (--prompts, 20,000) at zero model and environment cost: time per phase (checks,
+              Ray start, sessions, merge), sessions/s, CPU and peak RSS of the driver, the control actor
+              and the governor (the one-per-run pieces)
   durability  SIGKILL of an actor and of the driver's process group at random moments, with stragglers,
               then --resume: sessions re-sent / sessions in flight at the kill, from the simulator's log
 Raw figures go to WORK/results.json. Run it in a loopback-only namespace (``make bench``).
@@ -50,12 +53,14 @@ ORDER = [
     "verify",
     "mcp",
     "proxy",
+    "ceiling",
     "durability",
 ]
 
 
 def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
     from bench import (
+        ceiling,
         convlen,
         durability,
         governor,
@@ -79,6 +84,7 @@ def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
         "verify": verify_cost.run,
         "mcp": mcp.run,
         "proxy": proxy.run,
+        "ceiling": ceiling.run,
         "durability": durability.run,
     }
 
@@ -126,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="smaller sizes (about 4 minutes)")
     parser.add_argument("--only", help="comma-separated scenario names")
+    parser.add_argument("--prompts", type=int, help="prompts of the ceiling scenario [20000]")
     parser.add_argument("--work", type=Path, help="scratch folder [/tmp/raygen-bench/<timestamp>]")
     args = parser.parse_args(argv)
     names = _selected(args.only)
@@ -135,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     ctx = Context(
-        work=work, quick=args.quick, log=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)
+        work=work,
+        quick=args.quick,
+        prompts=args.prompts,
+        log=lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True),
     )
     scenarios = _scenarios()
     started = time.time()

@@ -49,6 +49,8 @@ class Context:
     work: Path
     quick: bool
     log: Any = print
+    prompts: int | None = None
+    """``--prompts N``: the size of the ``ceiling`` scenario (default 20,000; ``--quick`` 2,000)."""
     results: dict[str, Any] = field(default_factory=dict)
     """Raw figures by scenario, written to results.json (and shared: the cluster compares with one node)."""
     _cluster: Any = None
@@ -158,8 +160,10 @@ def run_measured(
     timeout_s: float,
     env: dict[str, str] | None = None,
     pss: bool = False,
+    make_sampler: Any = None,
 ) -> Measured:
-    """Run ``cmd`` in its own session, sampling its process tree; on timeout kill the whole tree."""
+    """Run ``cmd`` in its own session, sampling its process tree; on timeout kill the whole tree.
+    ``make_sampler(pid)``: a sampler of one's own (a ``TreeSampler`` subclass) instead of the plain one."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with log_path.open("w") as log:
@@ -172,7 +176,7 @@ def run_measured(
             start_new_session=True,
             cwd=ROOT,
         )
-        with TreeSampler(proc.pid, pss=pss) as sampler:
+        with make_sampler(proc.pid) if make_sampler else TreeSampler(proc.pid, pss=pss) as sampler:
             try:
                 code = proc.wait(timeout_s)
             except BaseException as exc:  # timeout or Ctrl-C: leave nothing running
