@@ -51,7 +51,7 @@ from raygen.output.run_dir import (
 from raygen.output.schema import JSON_COLUMNS, SCHEMA, to_arrow_table
 from raygen.output.shards import RecordReader, ShardPos, ShardScanStats, iter_shard_records
 from raygen.output.stats import StatsAccumulator
-from raygen.output.storage import TMP_SUFFIX, fsync_dir
+from raygen.output.storage import TMP_SUFFIX, Entry, fsync_dir
 from raygen.output.summary import summarize
 
 logger = logging.getLogger(__name__)
@@ -108,12 +108,19 @@ class MergeResult:
 
 
 def choose_finals(
-    run_dir: RunDir | Path, filters: FilterConfig, expected_keys: set[str] | None, scan: ShardScanStats
+    run_dir: RunDir | Path,
+    filters: FilterConfig,
+    expected_keys: set[str] | None,
+    scan: ShardScanStats,
+    shards: list[Entry] | None = None,
+    file_order: dict[str, int] | None = None,
 ) -> tuple[dict[str, FinalRecord], dict[str, int]]:
+    """Pass 1 over every shard, or over ``shards`` (a part of ``list_shards`` with ``file_order``, each
+    path's place in the whole list: a parallel merge, ``merge_parallel.py``)."""
     finals: dict[str, FinalRecord] = {}
-    file_order: dict[str, int] = {}
+    file_order = {} if file_order is None else file_order
     counts = {"records_read": 0, "invalid_records": 0, "stale": 0, "attempts_superseded": 0, "spent_usd": 0.0}
-    for record, pos in iter_shard_records(run_dir, scan):
+    for record, pos in iter_shard_records(run_dir, scan, shards):
         counts["records_read"] += 1
         try:
             summary = summarize(record)
@@ -280,6 +287,7 @@ def merge_run(
     data_shard_records: int,
     expected_keys: set[str] | None = None,
     hermes: HermesOptions | None = None,
+    processes: int | None = None,
 ) -> MergeResult:
     """Merge ``RUN_DIR/shards`` into the output folders; see the module docstring.
 
@@ -287,15 +295,22 @@ def merge_run(
     ``stale``), e.g. to the current dataset when a run folder is reused. ``hermes`` also writes the kept
     records in the reference runner's format to ``RUN_DIR/trajectories.jsonl`` and adds its keys to the
     statistics (``raygen.output.hermes``); without it a ``trajectories.jsonl`` of an earlier merge is
-    removed, so it never disagrees with ``data/``.
+    removed, so it never disagrees with ``data/``. ``processes``: worker processes for both passes (the
+    same output; ``merge_parallel.py``), by default as many as the cores for a large local run.
     """
+    from raygen.output.merge_parallel import merge_processes, parallel_finals, parallel_write
+
     if data_shard_records < 1:
         raise ValueError("data_shard_records must be >= 1")
     run = RunDir.of(run_dir)
     if run.is_local:
         _recover_leftovers(run.local_path)
     scan = ShardScanStats()
-    finals, counts = choose_finals(run, filters, expected_keys, scan)
+    processes = merge_processes(run, hermes, processes)
+    if processes > 1:
+        finals, counts = parallel_finals(run, filters, expected_keys, scan, processes)
+    else:
+        finals, counts = choose_finals(run, filters, expected_keys, scan)
     apply_group_filters(finals.values(), filters)  # --groups, --best-of: need every sample's outcome
 
     by_outcome: dict[str, list[FinalRecord]] = {KEPT: [], REJECTED: [], FAILED: []}
@@ -314,9 +329,13 @@ def merge_run(
     try:
         with RecordReader(run_dir=run) as reader:
             writer = _Pass2(reader, filters, hermes_writer)
-            data_shards = writer.write_data(by_outcome[KEPT], built / DATA_DIR, data_shard_records)
-            writer.write_jsonl(by_outcome[REJECTED], built / REJECTED_DIR, REJECTED, data_shard_records)
-            writer.write_jsonl(by_outcome[FAILED], built / FAILED_DIR, FAILED, data_shard_records)
+            if processes > 1:
+                per_shard = data_shard_records
+                data_shards = parallel_write(run, by_outcome, built, per_shard, writer.stats, processes)
+            else:
+                data_shards = writer.write_data(by_outcome[KEPT], built / DATA_DIR, data_shard_records)
+                writer.write_jsonl(by_outcome[REJECTED], built / REJECTED_DIR, REJECTED, data_shard_records)
+                writer.write_jsonl(by_outcome[FAILED], built / FAILED_DIR, FAILED, data_shard_records)
         stats = writer.stats.to_dict()
         if hermes_writer is not None:
             hermes_writer.close()
