@@ -178,7 +178,7 @@ def rows_for(got: dict[str, Any], scenario: str) -> list[Row]:
         Row(scenario, "last session to merge end", f"{end:.1f} s", "<= 5 s", end <= 5,
             f"to merge start {phases['last session to merge start']:.1f} s (Ray Data's iteration ending), "
             f"merge_run {phases['merge']:.1f} s: CPU {got['driver_cpu_s']['merge']:.1f} s driver + "
-            f"{got['driver_cpu_s']['merge workers']:.1f} s its workers (the machine's load stretches wall time)"),
+            f"{got['driver_cpu_s']['merge workers']:.1f} s its workers (load stretches wall time)"),
         Row(scenario, "central CPU per session", f"{central:.3f} ms", "<= 0.2 ms", central <= 0.2,
             f"over the sessions' window: {per_role}"),
     ]  # fmt: skip
