@@ -10,10 +10,12 @@ for its merge. The work is per record, so it divides:
   the driver keeps the best of those per key. A key's records in two parts count as superseded the same
   as in one process (every valid, expected record but the final one of its key).
 - pass 2: the final records, in output order, are cut into the very row groups the one-process merge
-  writes (256 records or 64 MB of JSON, from the positions' lengths); each worker re-reads one group,
-  builds its Arrow table, its JSONL bytes and its statistics; the driver writes the groups in order
-  (Parquet writing is a small share) and sums the statistics. At most ``2 x processes`` groups are out
-  at once, so memory stays bounded whatever the run's size.
+  writes (256 records or 64 MB of JSON, from the positions' lengths). With at least two output files
+  per worker (a large run: ``output.data_shard_records`` per file) each worker writes whole files and
+  the driver only sums statistics; with fewer, each worker builds one group at a time (its Arrow
+  table, JSONL bytes and statistics) and the driver writes the groups in order (compressing Parquet
+  was then ~1 s of the driver's CPU per 20,000 records). At most ``2 x processes`` jobs are out at
+  once, so memory stays bounded whatever the run's size.
 
 Workers are forked from the driver (see ``_pool``). Object-store runs, the Hermes export (one ordered
 writer) and small runs keep the one-process merge.
@@ -22,6 +24,7 @@ writer) and small runs keep the one-process merge.
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import multiprocessing
 import os
@@ -193,19 +196,32 @@ def parallel_write(
             (kind, built / folder / f"{kind}-{i:05d}", shard)
             for i, shard in enumerate(_chunks(by_outcome[kind], per_shard))
         ]
-    jobs = ((str(run.local_path), kind, group) for kind, _, shard in files for group in _row_groups(shard))
+    run_path = str(run.local_path)
     with _pool(processes) as pool:
-        results = _ordered(pool, _group_job, jobs, 2 * processes)
-        for kind, stem, shard in files:
-            _write_file(kind, stem, sum(1 for _ in _row_groups(shard)), results, stats)
+        if len(files) >= 2 * processes:  # a file per worker at a time: the driver only sums statistics
+            jobs = ((run_path, kind, stem, shard) for kind, stem, shard in files)
+            for file_stats in _ordered(pool, _file_job, jobs, 2 * processes):
+                stats.merge(file_stats)
+        else:  # few files: row groups spread, written here in order
+            groups = ((run_path, kind, group) for kind, _, shard in files for group in _row_groups(shard))
+            results = _ordered(pool, _group_job, groups, 2 * processes)
+            for kind, stem, shard in files:
+                count = sum(1 for _ in _row_groups(shard))
+                _write_file(kind, stem, itertools.islice(results, count), stats)
     return len(data)
+
+
+def _file_job(run_path: str, kind: str, stem: Path, finals: list[FinalRecord]) -> StatsAccumulator:
+    """One whole output file, written by a worker; its statistics."""
+    stats = StatsAccumulator()
+    _write_file(kind, stem, (_group_job(run_path, kind, group) for group in _row_groups(finals)), stats)
+    return stats
 
 
 def _write_file(
     kind: str,
     stem: Path,
-    groups: int,
-    results: Iterator[tuple[bytes, pa.Table | None, StatsAccumulator]],
+    results: Iterable[tuple[bytes, pa.Table | None, StatsAccumulator]],
     stats: StatsAccumulator,
 ) -> None:
     parquet = None
@@ -213,8 +229,7 @@ def _write_file(
         parquet = pq.ParquetWriter(stem.with_suffix(".parquet"), SCHEMA, compression="zstd")
     try:
         with open(stem.with_suffix(".jsonl"), "wb") as jsonl:
-            for _ in range(groups):
-                lines, table, group_stats = next(results)
+            for lines, table, group_stats in results:
                 jsonl.write(lines)
                 if parquet is not None and table is not None:
                     parquet.write_table(table)
