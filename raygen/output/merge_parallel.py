@@ -10,9 +10,9 @@ for its merge. The work is per record, so it divides:
   the driver keeps the best of those per key. A key's records in two parts count as superseded the same
   as in one process (every valid, expected record but the final one of its key).
 - pass 2: the final records, in output order, are cut into the very row groups the one-process merge
-  writes (256 records or 64 MB of JSON, from the positions' lengths). With at least two output files
-  per worker (a large run: ``output.data_shard_records`` per file) each worker writes whole files and
-  the driver only sums statistics; with fewer, each worker builds one group at a time (its Arrow
+  writes (256 records or 64 MB of JSON, from the positions' lengths). With at least one ``data/`` file
+  per worker (``output.data_shard_records`` records each) each worker writes whole files and the
+  driver only sums statistics; with fewer, each worker builds one group at a time (its Arrow
   table, JSONL bytes and statistics) and the driver writes the groups in order (compressing Parquet
   was then ~1 s of the driver's CPU per 20,000 records). At most ``2 x processes`` jobs are out at
   once, so memory stays bounded whatever the run's size.
@@ -198,7 +198,7 @@ def parallel_write(
         ]
     run_path = str(run.local_path)
     with _pool(processes) as pool:
-        if len(files) >= 2 * processes:  # a file per worker at a time: the driver only sums statistics
+        if len(data) >= processes:  # a data file per worker at a time: the driver only sums statistics
             jobs = ((run_path, kind, stem, shard) for kind, stem, shard in files)
             for file_stats in _ordered(pool, _file_job, jobs, 2 * processes):
                 stats.merge(file_stats)

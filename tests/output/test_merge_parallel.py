@@ -53,6 +53,7 @@ def twin_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Pa
 
 @pytest.mark.parametrize("per_file", [7, 30], ids=["workers-write-files", "workers-build-row-groups"])
 def test_parallel_merge_writes_what_one_process_writes(twin_runs, per_file):
+    # 7 a file: 8 data files for 3 workers, each writes whole files; 30: 2 files, groups spread.
     one, many, expected = twin_runs
     serial = merge_run(one, FilterConfig(), data_shard_records=per_file, expected_keys=expected, processes=1)
     spread = merge_run(many, FilterConfig(), data_shard_records=per_file, expected_keys=expected, processes=3)
