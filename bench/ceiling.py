@@ -15,6 +15,7 @@ CPU seconds over the whole run and over the sessions' window, and peak RSS.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -103,6 +104,9 @@ def run_ceiling(ctx: Context, work: Path, dataset: Path, *, nodes: int) -> dict[
         "ray": {"workers": 2, "sessions_per_worker": 256},
         "output": {"output_dir": str(work / "runs"), "run_name": "ceiling"},
     }
+    # Extra settings for an experiment, e.g. CEILING_CONFIG='{governor: {lease_size: 64}}' (YAML).
+    for section, values in (yaml.safe_load(os.environ.get("CEILING_CONFIG", "")) or {}).items():
+        config[section] = {**config.get(section, {}), **values}
     cfg_path, stamps_path = work / "run.yaml", work / "stamps.json"
     cfg_path.write_text(yaml.safe_dump(config))
     cmd = [sys.executable, "-m", "bench.ceiling", str(cfg_path), str(dataset), str(stamps_path)]
