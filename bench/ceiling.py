@@ -52,9 +52,11 @@ class RoleSampler(TreeSampler):
 
     series: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     peak: dict[str, int] = field(default_factory=dict)
+    driver: int = 0
+    """The driver's pid: the root, or (joining a cluster this process started) the child."""
 
     def _role(self, pid: int, name: str) -> str | None:
-        if pid == self.root:
+        if pid == (self.driver or self.root):
             return "driver"
         return next((role for role, prefix in ROLES.items() if name.startswith(prefix)), None)
 
@@ -71,6 +73,11 @@ class RoleSampler(TreeSampler):
             self.peak[role] = max(self.peak.get(role, 0), value)
         self.series.append((got.t, cpu))
         return got
+
+    def kill_all(self, sig: int) -> None:
+        """Never this process itself (the root when the run joins a cluster started here)."""
+        self._procs = {key: p for key, p in self._procs.items() if p.pid != os.getpid()}
+        super().kill_all(sig)
 
     def role_cpu_at(self, role: str, t: float) -> float:
         before = [cpu[role] for ts, cpu in self.series if ts <= t]
@@ -93,7 +100,17 @@ def run(ctx: Context) -> list[Row]:
     dataset = write_tasks(work / "prompts.jsonl", prompts)
     got = run_ceiling(ctx, work, dataset, nodes=1)
     ctx.results["ceiling"] = got
-    return rows_for(got, f"ceiling, {prompts} prompts, 1 node")
+    rows = rows_for(got, f"ceiling, {prompts} prompts, 1 node")
+    if not ctx.quick:
+        # 3 Ray nodes on this machine (2 logical CPUs each, one actor per node): the central pieces with
+        # 3 actors; on 2 real cores it cannot move more sessions than one node.
+        ctx.close()
+        three = ctx.dir("ceiling3")
+        got3 = run_ceiling(ctx, three, dataset, nodes=3)
+        ctx.results["ceiling3"] = got3
+        ctx.close()
+        rows += rows_for(got3, f"ceiling, {prompts} prompts, 3 nodes")
+    return rows
 
 
 def run_ceiling(ctx: Context, work: Path, dataset: Path, *, nodes: int) -> dict[str, Any]:
@@ -101,9 +118,13 @@ def run_ceiling(ctx: Context, work: Path, dataset: Path, *, nodes: int) -> dict[
     config = {
         "model": {"type": "scripted", "latency_s": 0},
         "env": {"type": "fake"},
-        "ray": {"workers": 2, "sessions_per_worker": 256},
+        "ray": {"workers": 2, "sessions_per_worker": 256}
+        if nodes == 1
+        else {"workers": 3, "sessions_per_worker": 256, "num_cpus_per_worker": 1.5},
         "output": {"output_dir": str(work / "runs"), "run_name": "ceiling"},
     }
+    if nodes > 1:  # the cluster's processes are this process's children: sampled from here
+        config["ray"]["address"] = ctx.ray_cluster(nodes)[0]
     # Extra settings for an experiment, e.g. CEILING_CONFIG='{governor: {lease_size: 64}}' (YAML).
     for section, values in (yaml.safe_load(os.environ.get("CEILING_CONFIG", "")) or {}).items():
         config[section] = {**config.get(section, {}), **values}
@@ -113,7 +134,7 @@ def run_ceiling(ctx: Context, work: Path, dataset: Path, *, nodes: int) -> dict[
     launch = time.time()
     log_path = work / "raygen.log"
     sampler = RoleSampler(0)  # its root is the child, once started (_measure)
-    measured = _measure(cmd, log_path, sampler)
+    measured = _measure(cmd, log_path, sampler, whole_tree=nodes > 1)
     if measured != 0:
         raise RuntimeError(f"ceiling run exited {measured}:\n{tail(log_path)}")
     stamps = json.loads(stamps_path.read_text())
@@ -151,12 +172,13 @@ def run_ceiling(ctx: Context, work: Path, dataset: Path, *, nodes: int) -> dict[
         "peak_rss": dict(sampler.peak),
         "by_name": sampler.cpu_by_name(),
         "nodes": nodes,
+        "sessions_by_node": dict(times.nodes),
     }
 
 
-def _measure(cmd: list[str], log_path: Path, sampler: RoleSampler) -> int:
+def _measure(cmd: list[str], log_path: Path, sampler: RoleSampler, whole_tree: bool) -> int:
     def adopt(root: int) -> RoleSampler:
-        sampler.root = root
+        sampler.root, sampler.driver = (os.getpid(), root) if whole_tree else (root, 0)
         return sampler
 
     return run_measured(cmd, log_path, timeout_s=1800, env=child_env(), make_sampler=adopt).returncode
@@ -180,7 +202,8 @@ def rows_for(got: dict[str, Any], scenario: str) -> list[Row]:
         Row(scenario, "launch to exit", f"{got['launch_to_exit_s']:.1f} s", "", None,
             "; ".join(f"{name} {s:.1f} s" for name, s in phases.items())),
         Row(scenario, "sessions/s", f"{got['sessions_per_s']:.0f}", "", None,
-            f"{got['sessions']} sessions ({got['failed']} failed), first start to last end"),
+            f"{got['sessions']} sessions ({got['failed']} failed), first start to last end; per node "
+            f"{sorted(got['sessions_by_node'].values(), reverse=True)}"),
         Row(scenario, "last session to merge end", f"{end:.1f} s", "<= 5 s", end <= 5,
             f"to merge start {before_merge:.1f} s (Ray Data's iteration ending, Ray's shutdown), "
             f"merge_run {phases['merge']:.1f} s: CPU {got['driver_cpu_s']['merge']:.1f} s driver + "
