@@ -24,9 +24,10 @@ demo: setup
 # Debian packages the tests use: bubblewrap (local sandbox), Docker engine and image tools.
 system-deps:
 	@command -v bwrap >/dev/null && command -v dockerd >/dev/null && command -v debootstrap >/dev/null && \
-	  command -v chromium >/dev/null && command -v slurmctld >/dev/null && command -v munged >/dev/null || \
+	  command -v chromium >/dev/null && command -v slurmctld >/dev/null && command -v munged >/dev/null && \
+	  command -v npm >/dev/null || \
 	  (apt-get update -q && apt-get install -y -q --no-install-recommends bubblewrap docker.io containerd runc \
-	     busybox-static debootstrap iproute2 util-linux chromium slurm-wlm munge >/dev/null)
+	     busybox-static debootstrap iproute2 util-linux chromium slurm-wlm munge nodejs npm >/dev/null)
 
 # A private Docker engine, the locally built test images (no registry is reachable here) and the
 # apptainer "HPC node" fixture (.ci/apptainer-setup.sh), and the agent harnesses the tests run as
@@ -50,13 +51,13 @@ lint: setup
 TEST_WORKERS ?= 4
 test: setup engines lint
 	eval "$$(.ci/docker-setup.sh $(WORK)/docker)" && \
-	unshare -n bash -c 'ip link set lo up && $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)'
+	RAYGEN_AGENTS_DIR=$(WORK)/agents unshare -n bash -c 'ip link set lo up && $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)'
 
 # The inner loop: every test that starts no Ray cluster, container, Slurm or Apptainer and is not marked
 # slow (about 4 minutes on this machine). No root, no engines needed.
 FAST_MARKERS := not ray and not docker and not singularity and not slurm and not multinode and not slow
 test-fast: setup
-	$(BIN)/python -m pytest -q -ra -n 2 -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
+	RAYGEN_AGENTS_DIR=$(WORK)/agents $(BIN)/python -m pytest -q -ra -n 2 -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 bench: setup
 	unshare -n bash -c 'ip link set lo up && $(BIN)/python -m bench $(BENCH_ARGS)'

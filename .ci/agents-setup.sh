@@ -4,6 +4,7 @@
 #   WORKDIR/hermes/bin/hermes          hermes-agent   (Hermes Agent)
 #   WORKDIR/mini-swe-agent/bin/mini    mini-swe-agent
 #   WORKDIR/npm/node_modules/.bin/claude   @anthropic-ai/claude-code (npm; skipped without npm)
+#   WORKDIR/npm/node_modules/.bin/codex    @openai/codex (npm; skipped without npm)
 # The venvs use the system's /usr/bin/python3 (Debian's), not the project's: a bubblewrap sandbox shows
 # /usr but not /root or the project's .venv, and the raygen-test/python image (Debian's python3 too) runs
 # them bind-mounted at the same path. A venv whose package is already at the pinned version is left as is.
@@ -32,15 +33,19 @@ install() {  # install NAME PACKAGE VERSION
 install hermes hermes-agent 0.19.0
 install mini-swe-agent mini-swe-agent 2.4.6
 
-# Claude Code from the npm registry: its platform binary is a registry package of its own
-# (@anthropic-ai/claude-code-linux-x64), so no install script has to download anything.
-claude_version=2.1.328
-if ! command -v npm >/dev/null; then
-    log "npm not found: Claude Code not installed (its tests skip)"
-elif [ "$("$workdir/npm/node_modules/.bin/claude" --version 2>/dev/null | cut -d' ' -f1)" = "$claude_version" ]; then
-    log "@anthropic-ai/claude-code $claude_version is in $workdir/npm"
-else
-    log "installing @anthropic-ai/claude-code $claude_version into $workdir/npm"
-    npm install -q --no-audit --no-fund --prefix "$workdir/npm" "@anthropic-ai/claude-code@$claude_version" >&2
-fi
+# Claude Code and Codex from the npm registry: their platform binaries are registry packages of their own
+# (@anthropic-ai/claude-code-linux-x64, @openai/codex-linux-x64), so no install script downloads anything.
+install_npm() {  # install_npm PACKAGE VERSION BIN
+    local package="$1" version="$2" bin="$workdir/npm/node_modules/.bin/$3"
+    if ! command -v npm >/dev/null; then
+        log "npm not found: $package not installed (its tests skip)"
+    elif "$bin" --version 2>/dev/null | grep -q -- "$version"; then
+        log "$package $version is in $workdir/npm"
+    else
+        log "installing $package $version into $workdir/npm"
+        npm install -q --no-audit --no-fund --prefix "$workdir/npm" "$package@$version" >&2
+    fi
+}
+install_npm @anthropic-ai/claude-code 2.1.328 claude
+install_npm @openai/codex 0.169.0 codex
 echo "$workdir"

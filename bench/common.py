@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -18,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from bench.procs import TreeSampler
+from bench.procs import MARK_ENV, TreeSampler
 from raygen.config import SimConfig
-from raygen.sim.server import SimProcess, start_subprocess
+from raygen.sim.launch import SimProcess, start_subprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY_ENV = "RAYGEN_BENCH_KEY"
@@ -49,6 +50,8 @@ class Context:
     work: Path
     quick: bool
     log: Any = print
+    kinds: list[str] | None = None
+    """``--kinds``: the rate-limit scenarios' ways of counting to run (labels such as ``sliding 10 s``)."""
     prompts: int | None = None
     """``--prompts N``: the size of the ``ceiling`` scenario (default 20,000; ``--quick`` 2,000)."""
     results: dict[str, Any] = field(default_factory=dict)
@@ -151,6 +154,8 @@ class Measured:
     wall_s: float
     sampler: TreeSampler
     log_path: Path
+    machine: TreeSampler | None = None
+    """With ``machine=True``: every process of the run, found by its environment mark (bench.procs)."""
 
 
 def run_measured(
@@ -160,11 +165,16 @@ def run_measured(
     timeout_s: float,
     env: dict[str, str] | None = None,
     pss: bool = False,
+    machine: bool = False,
+    cwd: Path = ROOT,
     make_sampler: Any = None,
 ) -> Measured:
-    """Run ``cmd`` in its own session, sampling its process tree; on timeout kill the whole tree.
-    ``make_sampler(pid)``: a sampler of one's own (a ``TreeSampler`` subclass) instead of the plain one."""
+    """Run ``cmd`` in its own session (in ``cwd``), sampling its process tree (and with ``machine``, every
+    process carrying the run's environment mark); on timeout kill the whole tree. ``make_sampler(pid)``:
+    a sampler of one's own (a ``TreeSampler`` subclass) instead of the plain one."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    mark = uuid.uuid4().hex[:12]
+    env = {**(env or child_env()), MARK_ENV: mark}
     t0 = time.time()
     with log_path.open("w") as log:
         proc = subprocess.Popen(
@@ -172,11 +182,13 @@ def run_measured(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env or child_env(),
+            env=env,
             start_new_session=True,
-            cwd=ROOT,
+            cwd=cwd,
         )
-        with make_sampler(proc.pid) if make_sampler else TreeSampler(proc.pid, pss=pss) as sampler:
+        marked = TreeSampler(proc.pid, mark=mark) if machine else None
+        tree = make_sampler(proc.pid) if make_sampler else TreeSampler(proc.pid, pss=pss)
+        with tree as sampler, marked or contextlib.nullcontext():
             try:
                 code = proc.wait(timeout_s)
             except BaseException as exc:  # timeout or Ctrl-C: leave nothing running
@@ -189,7 +201,9 @@ def run_measured(
                     raise
                 code = -9
             sampler.sample()
-    return Measured(code, time.time() - t0, sampler, log_path)
+            if marked is not None:
+                marked.sample()
+    return Measured(code, time.time() - t0, sampler, log_path, marked)
 
 
 def tail(path: Path, lines: int = 15) -> str:
@@ -289,6 +303,7 @@ def run_raygen(
     timeout_s: float,
     env: dict[str, str] | None = None,
     pss: bool = False,
+    machine: bool = False,
 ) -> RaygenRun:
     """One raygen run of ``dataset`` with ``config`` against ``base_url`` (``bench.child`` in a subprocess),
     measured; raises if it fails."""
@@ -301,7 +316,8 @@ def run_raygen(
     cfg_path = work / "run.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
     cmd = [sys.executable, "-m", "bench.child", str(cfg_path), str(dataset)]
-    measured = run_measured(cmd, work / "raygen.log", timeout_s=timeout_s, env=child_env(env), pss=pss)
+    log = work / "raygen.log"
+    measured = run_measured(cmd, log, timeout_s=timeout_s, env=child_env(env), pss=pss, machine=machine)
     run_dir = work / "runs" / name
     if measured.returncode != 0:
         raise RuntimeError(f"raygen run {name} exited {measured.returncode}:\n{tail(measured.log_path)}")
@@ -320,13 +336,14 @@ def run_baseline(
     base_url: str,
     timeout_s: float,
     pss: bool = False,
+    machine: bool = False,
 ) -> tuple[Measured, SessionTimes]:
     """One of ``bench.baselines``' runners in a subprocess, measured like raygen."""
     work = ctx.dir(name)
     out = work / "sessions.json"
     cmd = [sys.executable, "-m", "bench.baselines", runner, "--base-url", base_url]
     cmd += ["--dataset", str(dataset), "--concurrency", str(concurrency), "--out", str(out)]
-    measured = run_measured(cmd, work / "runner.log", timeout_s=timeout_s, pss=pss)
+    measured = run_measured(cmd, work / "runner.log", timeout_s=timeout_s, pss=pss, machine=machine)
     if measured.returncode != 0 or not out.exists():
         raise RuntimeError(f"{runner} runner exited {measured.returncode}:\n{tail(measured.log_path)}")
     data = json.loads(out.read_text())

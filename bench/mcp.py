@@ -11,7 +11,8 @@ In-process, no Ray (the figures are the session's own), against the real ``mcp-s
   (median of N, environment start not included).
 - **sessions/s**: ``SessionRunner.run`` over N samples, 64 at a time, with the simulator's script
   (``ScriptedModel``, 0.2 s per model call). With the ``time`` server the script also calls its two
-  tools, so every session starts its own server; without, the same sessions offer terminal and file only.
+  tools, so every session starts its own server (or, ``shared: true``, uses the process's one); without,
+  the same sessions offer terminal and file only.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from raygen.tools.mcp_client import McpConnection
 from raygen.tools.mcp_config import McpServerConfig
 from raygen.tools.mcp_preflight import preflight_servers
 from raygen.tools.mcp_session import McpSettings
-from raygen.tools.mcp_tools import mcp_toolset
+from raygen.tools.mcp_tools import close_shared, mcp_toolset
 from raygen.tools.registry import load_registry
 from raygen.tools.terminal import terminal_toolset
 
@@ -106,14 +107,15 @@ async def _start_cost(env_config, server: McpServerConfig, image: str | None, co
     return statistics.median(times)
 
 
-async def _sessions_per_s(with_mcp: bool, count: int, in_flight: int) -> float:
+async def _sessions_per_s(server: McpServerConfig | None, count: int, in_flight: int) -> float:
     env_config = LocalEnvConfig()
     registry = load_registry([])
     settings = McpSettings()
     toolsets = ["file", "terminal"]
-    if with_mcp:
+    with_mcp = server is not None
+    if server is not None:
         listings = await preflight_servers(
-            {"time": LOCAL_SERVER}, {}, env_config, run_name="bench-mcp", name_format="{server}__{tool}",
+            {"time": server}, {}, env_config, run_name="bench-mcp", name_format="{server}__{tool}",
             start_timeout_s=60,
         )  # fmt: skip
         registry.add(mcp_toolset(listings[0]))
@@ -145,7 +147,10 @@ async def _sessions_per_s(with_mcp: bool, count: int, in_flight: int) -> float:
             raise RuntimeError("bench session did not call the MCP server")
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(count)))
+    try:
+        await asyncio.gather(*(one(i) for i in range(count)))
+    finally:
+        await close_shared()
     return count / (time.perf_counter() - t0)
 
 
@@ -167,7 +172,12 @@ def run(ctx: Context) -> list[Row]:
     local_start = asyncio.run(_start_cost(LocalEnvConfig(), LOCAL_SERVER, None, starts))
     figures["start_local_s"] = local_start
     rows.append(
-        Row("mcp", "local: server start s (median)", f"{local_start:.2f}", note="start+initialize+list")
+        Row(
+            "mcp",
+            "local: server start s (median)",
+            f"{local_start:.2f}",
+            note="process start, initialize, tools/list",
+        )
     )
     problem = _docker_problem()
     if problem is None:
@@ -175,19 +185,26 @@ def run(ctx: Context) -> list[Row]:
         docker_start = asyncio.run(_start_cost(docker, DOCKER_SERVER, DOCKER_IMAGE, starts))
         figures["start_docker_s"] = docker_start
         rows.append(
-            Row("mcp", "docker: server start s (median)", f"{docker_start:.2f}", note="attached exec")
+            Row(
+                "mcp",
+                "docker: server start s (median)",
+                f"{docker_start:.2f}",
+                note="an exec attached in a running container, initialize, tools/list",
+            )
         )
     else:
         rows.append(Row("mcp", "docker", "skipped", note=problem))
-    without = asyncio.run(_sessions_per_s(False, sessions, 64))
-    with_server = asyncio.run(_sessions_per_s(True, sessions, 64))
-    figures["sessions_per_s"] = {"without": without, "with_server": with_server}
+    without = asyncio.run(_sessions_per_s(None, sessions, 64))
+    with_server = asyncio.run(_sessions_per_s(LOCAL_SERVER, sessions, 64))
+    shared = asyncio.run(_sessions_per_s(LOCAL_SERVER.model_copy(update={"shared": True}), sessions, 64))
+    figures["sessions_per_s"] = {"without": without, "with_server": with_server, "shared": shared}
     rows.append(
         Row(
             "mcp",
-            "local: sessions/s at 64 in flight, without / with a server per session",
-            f"{without:.1f} / {with_server:.1f}",
-            note=f"{with_server / without:.2f}x; {sessions} sessions each, 0.2 s model latency, one process",
+            "local: sessions/s at 64 in flight: no MCP / a server per session / one shared server",
+            f"{without:.1f} / {with_server:.1f} / {shared:.1f}",
+            note=f"{with_server / without:.2f}x and {shared / without:.2f}x; {sessions} sessions each, "
+            "0.2 s model latency, one process",
         )
     )
     ctx.results["mcp"] = figures

@@ -5,6 +5,11 @@ commands), every ``every_s``: the tree's CPU seconds so far and the sum of its r
 process is known by (pid, start time), so pid reuse cannot mix two processes, and a descendant that was
 re-parented (its parent died first) is still counted.
 
+With ``mark``, a process also belongs when its environment holds ``RAYGEN_BENCH_MARK=<mark>`` (read once
+per process): the "whole machine" accounting of issue 24, which finds every process of one run wherever
+it sits (Ray's daemons and workers, anything re-parented away) but not the simulator, started unmarked.
+Each sample then also records the machine's busy CPU from /proc/stat (all processes, others' too).
+
 CPU of short-lived processes that were never sampled (e.g. one shell command per session) is not lost:
 it reaches the parent's ``cutime``/``cstime`` when the parent reaps them. To avoid counting a *sampled*
 child twice, a parent's child time is reduced by the last-seen time of the sampled children it outlived.
@@ -48,6 +53,26 @@ class Sample:
     procs: int
     pss: int = 0
     """Sum of proportional set sizes (shared pages split between their users), when sampled."""
+    machine_busy_s: float = 0.0
+    """Busy CPU seconds of the whole machine since boot (/proc/stat), when the sampler has a ``mark``."""
+
+
+MARK_ENV = "RAYGEN_BENCH_MARK"
+
+
+def _has_mark(pid: int, mark: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{MARK_ENV}={mark}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _machine_busy_s() -> float:
+    """All CPUs' busy seconds since boot: every field of /proc/stat's cpu line but idle and iowait."""
+    with open("/proc/stat", "rb") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / _TICK
 
 
 def _read_pss(pid: int) -> int:
@@ -94,6 +119,8 @@ class TreeSampler:
     pss: bool = False
     """Also sum PSS, every ``pss_every``-th sample (a page-table walk per process: costly CPU)."""
     pss_every: int = 4
+    mark: str | None = None
+    """Also count every process whose environment carries this mark (``MARK_ENV``), wherever it sits."""
     samples: list[Sample] = field(default_factory=list)
     peak_breakdown: dict[str, tuple[int, int]] = field(default_factory=dict)
     """(processes, RSS) by process name at the sample with the highest total RSS."""
@@ -101,6 +128,7 @@ class TreeSampler:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _baseline_s: float | None = None
+    _unmarked: set[tuple[int, int]] = field(default_factory=set)
 
     def __enter__(self) -> TreeSampler:
         self.sample()
@@ -136,7 +164,7 @@ class TreeSampler:
                 key = (pid, start)
                 if key in self._procs:
                     continue
-                if pid == self.root or ppid in known_pids:
+                if pid == self.root or ppid in known_pids or self._marked(pid, start):
                     self._procs[key] = _Proc(pid, ppid, start, name=comm)
                     known_pids[pid] = key
                     added = True
@@ -163,10 +191,20 @@ class TreeSampler:
         if self._baseline_s is None:
             self._baseline_s = cpu
         sample = Sample(now, cpu - self._baseline_s, rss, procs, pss)
+        if self.mark is not None:
+            sample.machine_busy_s = _machine_busy_s()
         if rss > self.peak_rss:
             self.peak_breakdown = breakdown
         self.samples.append(sample)
         return sample
+
+    def _marked(self, pid: int, start: int) -> bool:
+        if self.mark is None or (pid, start) in self._unmarked:
+            return False
+        if _has_mark(pid, self.mark):
+            return True
+        self._unmarked.add((pid, start))
+        return False
 
     def _cpu_total(self) -> float:
         total = 0.0
@@ -200,6 +238,14 @@ class TreeSampler:
     def cpu_between(self, t0: float, t1: float) -> float:
         """CPU seconds the tree used between two times (linear between samples)."""
         return self._cpu_at(t1) - self._cpu_at(t0)
+
+    def machine_busy_between(self, t0: float, t1: float) -> float:
+        """Busy CPU seconds of the whole machine between two times (nearest samples inside the span)."""
+        inside = [s for s in self.samples if t0 <= s.t <= t1 and s.machine_busy_s]
+        if len(inside) < 2 or inside[-1].t <= inside[0].t:
+            return 0.0
+        rate = (inside[-1].machine_busy_s - inside[0].machine_busy_s) / (inside[-1].t - inside[0].t)
+        return rate * (t1 - t0)
 
     def peak_rss_between(self, t0: float, t1: float) -> int:
         return max((s.rss for s in self.samples if t0 <= s.t <= t1), default=self.peak_rss)

@@ -18,6 +18,7 @@ from raygen.agents.configs import (  # noqa: F401 (re-exported)
     AgentConfig,
     BuiltinAgentConfig,
     ClaudeCodeAgentConfig,
+    CodexAgentConfig,
     CommandAgentConfig,
     HermesAgentConfig,
     MiniSweAgentConfig,
@@ -51,9 +52,15 @@ MAX_SAMPLES_PER_PROMPT = 1000
 """``--samples-per-prompt`` beyond this is refused: groups for best-of-K and RL are far smaller, and a
 typo of 100,000,000 made a dry run sit silent while it made the keys (issue 28)."""
 
-HARNESS_BACKENDS = ("local", "docker")
-"""Environment backends that bind a host folder into the sandbox (``Environment.supports_binds``; a test
-keeps the two in step): where an agent harness can reach raygen's model proxy."""
+
+def _binds_host_folders(backend: str) -> bool:
+    """Whether the backend shows a session a host folder (``Environment.supports_binds``), so that an agent
+    harness inside can reach raygen's model proxy; False when its extra is not installed."""
+
+    try:
+        return environment_class(backend).supports_binds
+    except ImportError:
+        return False
 
 
 class SessionConfig(_Section):
@@ -72,7 +79,10 @@ class SessionConfig(_Section):
     max_command_timeout_s: float = Field(600.0, gt=0)
     """Upper bound on the timeout a model may ask for in a terminal call."""
     session_timeout_s: float = Field(3600.0, gt=0)
-    """Hard wall-clock limit of one session; past it the session fails with ``session_timeout``."""
+    """Hard wall-clock limit of one session; past it the session fails with ``session_timeout``. Time the
+    session waits for the rate governor (paced behind a limit, or paused after refusals) is not counted;
+    model calls (``model.timeout_s`` each), the waits between their retries (``model.retry_max_wait_s``
+    each), tools, the environment and the grading are."""
     max_reply_chars: int = Field(8_000_000, ge=1000)
     """Longest model reply (content, reasoning and tool-call arguments together, in characters); a longer
     one ends the session with ``error:reply_too_large`` (final) and is stored cut to its head."""
@@ -253,13 +263,14 @@ class GovernorConfig(_Section):
     1.0 paces exactly at the limit."""
     adaptive: bool | None = None
     """Learn the limit from 429s: unset (the default) means on when ``rpm`` is unset and off when it is set.
-    On and with no ``rpm``, nothing is throttled until the first 429 (a run that never gets one is never
-    slowed); that 429 sets the target to the rate the provider actually let through (requests that passed
-    over the last 10 s, divided by that span plus the provider's Retry-After), then the target grows
-    again after clean, busy traffic and each further 429 cuts it to the measured rate (AIMD). With ``rpm``
-    set and adaptive on, ``rpm`` is the start and the ceiling. Off: a 429 pauses the cluster for its
-    Retry-After and slows a known limit by 1.5% (down to 90%); with no limit either, nothing is governed
-    (``--adaptive/--no-adaptive``)."""
+    On and with no ``rpm``, nothing is throttled until the provider refuses (a run that never gets a 429
+    is never slowed); 429s that are evidence (a second within 10 s: a lone one only delays its own
+    request) set the target to the rate the provider actually let through (requests that passed over the
+    last 10 s, divided by the span until it takes requests again, by its Retry-After), then the target
+    grows again after clean, busy traffic and each further such cut sets it to the measured rate (AIMD).
+    With ``rpm`` set and adaptive on, ``rpm`` is the start and the ceiling. Off: 429s slow a known limit by
+    1.5% (down to 90%), on evidence as above, and pause the cluster only as ``max_pause_s`` says; with no
+    limit either, nothing is governed (``--adaptive/--no-adaptive``)."""
     initial_rpm: float | None = Field(None, gt=0)
     """Adaptive start rate when ``rpm`` is unset; from it the target doubles after each clean, busy
     interval until the first 429 (slow start). Unset: unthrottled until the first 429."""
@@ -291,13 +302,22 @@ class GovernorConfig(_Section):
     lease_ttl_s: float = Field(2.0, gt=0)
     """Leased slots unused after this many seconds go back, so idle workers strand no capacity."""
     max_pause_s: float = Field(120.0, gt=0)
-    """Longest cluster-wide pause honoured from a 429's Retry-After or ``x-ratelimit-reset-*`` header."""
+    """Longest pause of the cluster (or of one worker) when several answers in a row asked to wait (3
+    within 2 s; their median Retry-After or rate-limit reset). Never above ``model.retry_max_wait_s``: one
+    answer alone only delays its own request's retry."""
 
     @model_validator(mode="after")
     def _initial_within_ceiling(self) -> GovernorConfig:
         if self.rpm is None and self.initial_rpm is not None and self.initial_rpm > self.max_rpm:
             raise ValueError("initial_rpm must not exceed max_rpm")
         return self
+
+    def bounded(self, retry_max_wait_s: float | None) -> GovernorConfig:
+        """This section with ``max_pause_s`` no longer than the model's ``retry_max_wait_s``: the cluster is
+        never held longer than the user lets one request wait."""
+        if retry_max_wait_s is None or retry_max_wait_s >= self.max_pause_s:
+            return self
+        return self.model_copy(update={"max_pause_s": max(retry_max_wait_s, 1e-3)})
 
     def resolved_adaptive(self) -> bool:
         """Whether the governor learns the limit from 429s: ``adaptive``; unset: when ``rpm`` is unset."""
@@ -427,11 +447,11 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _harness_reaches_its_proxy(self) -> RunConfig:
-        if self.agent.type != "builtin" and self.env.type not in HARNESS_BACKENDS:
+        if self.agent.type != "builtin" and not _binds_host_folders(self.env.type):
             raise ValueError(
                 f"agent.type {self.agent.type} runs the harness inside the session's environment, which "
-                f"must show it raygen's model proxy: env.type {' or '.join(HARNESS_BACKENDS)}, "
-                f"not {self.env.type}"
+                f"must show it raygen's model proxy (a bound host folder): env.type {self.env.type} cannot "
+                "(docs/agents.md#backends)"
             )
         return self
 

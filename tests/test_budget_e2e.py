@@ -20,7 +20,10 @@ from pathlib import Path
 
 import pytest
 from cli_runs import read_jsonl, run_with_config
-from conftest import AGENT_TASKS
+
+AGENT_TASKS = (
+    Path(__file__).resolve().parent / "data" / "agent-tasks.jsonl"
+)  # (tests/conftest.py: the vendored copy)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -151,3 +154,33 @@ def test_dry_run_prints_the_price_and_the_forecast(tmp_path):
     assert "price: raygen-sim: input $4, output $4 per 1M tokens (config)" in done.stderr
     assert re.search(r"forecast for 5 prompts: first model call [\d,]+ tokens \$[\d.]+", done.stderr)
     assert "forecast ceiling (10 turns" in done.stderr
+
+
+def test_max_tokens_stops_before_the_token_cap_without_any_price(tmp_path):
+    log = tmp_path / "sim.jsonl"
+    config = {**_config(tmp_path, log, reported=False), "pricing": {}}
+    run = tmp_path / "runs" / "tokens"
+    cap = 20_000
+    done = run_with_config(
+        AGENT_TASKS,
+        config,
+        tmp_path / "c.yaml",
+        "--limit",
+        "40",
+        "--run-name",
+        "tokens",
+        "--max-tokens",
+        str(cap),
+    )
+    assert done.returncode == 75, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"budget reached: [\d,]+ of 20,000 tokens; raise --max-tokens and --resume", last), (
+        last
+    )
+    records = _shard_records(run)
+    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    billed = sum(r["tokens"] for r in rows if r["status"] == 200)
+    spent = sum(r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] for r in records)
+    assert spent == billed
+    budget = json.loads((run / "statistics.json").read_text())["this_invocation"]["budget"]
+    assert budget["spent_tokens"] == spent and cap * 0.5 < spent <= cap + budget["excess_tokens"]

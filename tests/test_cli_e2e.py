@@ -149,7 +149,7 @@ def test_status_and_remerge_without_model(e2e):
 
 
 def test_malformed_dataset_fails_fast_without_model_calls(tmp_path):
-    from raygen.sim.server import start_in_thread
+    from raygen.sim.launch import start_in_thread
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"prompt": ""}\nnot json\n{"prompt": 3, "imgae": "x"}\n')

@@ -273,7 +273,7 @@ def test_pilot_projection_with_an_interval():
     lines = pilot_lines(per_session, remaining=100, slots=10)
     assert "$0.010000 per session" in lines[0] and "$1.0000" in lines[1]
     half = 1.96 * 0.002 / 2 * 100
-    assert f"${1 - half:.4f}-${1 + half:.4f}" in lines[1] and "about 20 s" in lines[1]
+    assert f"${1 - half:.4f}-${1 + half:.4f}" in lines[1] and "about 20.0 s" in lines[1]
 
 
 def test_forecast_first_call_and_ceiling():
@@ -289,3 +289,17 @@ def test_forecast_first_call_and_ceiling():
     # 3 calls: inputs prompt, prompt + 200, prompt + 400 (each turn a 100-token reply and a 100-token result)
     assert result.ceiling_tokens == 3 * prompt + 600 + 300
     assert result.ceiling_usd == pytest.approx(((3 * prompt + 600) * 1 + 300 * 2) / 1e6)
+
+
+def test_report_cost_section_shows_spend_waste_and_categories():
+    from raygen.eval.cost import cost_section
+
+    acc = StatsAccumulator()
+    acc.add(_summary("a", "completed", 0.5, "bash"), "kept")
+    acc.add(_summary("d", "error:budget_reached", 0.25, "sql"), "failed")
+    stats = acc.to_dict()
+    stats["cost"]["total_usd"], stats["cost"]["superseded_usd"] = 1.0, 0.25
+    html = cost_section(stats)
+    for text in ("$1.0000", "$0.5000", "$0.2500", "budget_reached", ">bash<", ">sql<", "<svg"):
+        assert text in html, text
+    assert "Nothing was spent" in cost_section(StatsAccumulator().to_dict())

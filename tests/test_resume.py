@@ -112,9 +112,10 @@ def test_taxonomy_matches_the_issue():
     # The issue names these infrastructure failures as retryable; model/task outcomes are not failures.
     infrastructure = {"provider_unavailable", "env_start", "worker_lost", "rate_limited", "env_lost"}
     infrastructure.add("provider_malformed")  # issue 15: a body that is not a completion is retried
-    # A check that could not run is retried; so is a session the run's budget stopped (issue 25), and a
-    # harness that crashed (docs/agents.md).
-    assert infrastructure | {"verify_error", "budget_reached", "agent_failed"} == set(RETRYABLE)
+    # A check that could not run is retried; so is a session the run's budget stopped (issue 25), a
+    # harness that crashed (docs/agents.md) and an MCP server that died or hung (docs/tools.md).
+    retried = {"verify_error", "budget_reached", "agent_failed", "mcp_server_lost"}
+    assert infrastructure | retried == set(RETRYABLE)
     assert set(FAILURE_KINDS) > RETRYABLE
     assert "provider_bad_request" not in RETRYABLE and "internal" not in RETRYABLE
 

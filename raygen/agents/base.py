@@ -25,7 +25,8 @@ class RecordedCall:
     """One model call of a harness as the proxy saw it, in OpenAI chat format whatever API it came by."""
 
     api: str
-    """``chat`` (OpenAI Chat Completions) or ``messages`` (Anthropic Messages, translated)."""
+    """``chat`` (OpenAI Chat Completions), ``responses`` (OpenAI Responses) or ``messages`` (Anthropic
+    Messages), the last two translated."""
     stream: bool
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]

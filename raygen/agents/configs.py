@@ -86,10 +86,29 @@ class ClaudeCodeAgentConfig(_HarnessOptions):
     """Further arguments of ``claude``."""
 
 
-HarnessConfig = CommandAgentConfig | HermesAgentConfig | MiniSweAgentConfig | ClaudeCodeAgentConfig
+class CodexAgentConfig(_HarnessOptions):
+    """Codex (npm ``@openai/codex``), one-shot: ``codex exec PROMPT`` against the proxy's Responses endpoint
+    (``--agent codex``)."""
+
+    type: Literal["codex"] = "codex"
+    """Agent selector."""
+    executable: str = "codex"
+    """The ``codex`` command inside the environment (a name on ``PATH`` or a path)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Further arguments of ``codex exec``."""
+
+
+HarnessConfig = (
+    CommandAgentConfig | HermesAgentConfig | MiniSweAgentConfig | ClaudeCodeAgentConfig | CodexAgentConfig
+)
 """Every agent that runs as a command."""
 
 AgentConfig = Annotated[
-    BuiltinAgentConfig | CommandAgentConfig | HermesAgentConfig | MiniSweAgentConfig | ClaudeCodeAgentConfig,
+    BuiltinAgentConfig
+    | CommandAgentConfig
+    | HermesAgentConfig
+    | MiniSweAgentConfig
+    | ClaudeCodeAgentConfig
+    | CodexAgentConfig,
     Field(discriminator="type"),
 ]

@@ -12,6 +12,7 @@ import shlex
 
 from raygen.agents.configs import (
     ClaudeCodeAgentConfig,
+    CodexAgentConfig,
     CommandAgentConfig,
     HarnessConfig,
     HermesAgentConfig,
@@ -70,6 +71,26 @@ def claude_command(config: ClaudeCodeAgentConfig) -> str:
     return run + _args(config.extra_args)
 
 
+_CODEX_CONFIG = """: "${CODEX_HOME:=$HOME/.codex}" && export CODEX_HOME && mkdir -p "$CODEX_HOME"
+cat > "$CODEX_HOME/config.toml" <<EOF
+model = "$RAYGEN_MODEL"
+model_provider = "raygen"
+[model_providers.raygen]
+name = "raygen"
+base_url = "$OPENAI_BASE_URL"
+env_key = "OPENAI_API_KEY"
+wire_api = "responses"
+EOF
+"""
+"""Codex reads its provider from ``$CODEX_HOME/config.toml``; it speaks only the Responses API."""
+
+
+def codex_command(config: CodexAgentConfig) -> str:
+    run = f"exec {shlex.quote(config.executable)} exec --skip-git-repo-check"
+    run += " --dangerously-bypass-approvals-and-sandbox"  # raygen's sandbox is the sandbox
+    return _CODEX_CONFIG + run + _args(config.extra_args) + " {prompt}"
+
+
 def harness_command(config: HarnessConfig) -> str:
     """The shell command (with placeholders) that runs the configured harness."""
     if isinstance(config, HermesAgentConfig):
@@ -78,6 +99,8 @@ def harness_command(config: HarnessConfig) -> str:
         return mini_command(config)
     if isinstance(config, ClaudeCodeAgentConfig):
         return claude_command(config)
+    if isinstance(config, CodexAgentConfig):
+        return codex_command(config)
     assert isinstance(config, CommandAgentConfig)
     return config.command
 

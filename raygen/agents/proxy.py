@@ -1,9 +1,10 @@
 """raygen's model proxy for agent harnesses: one aiohttp server per session actor process, on a unix socket.
 
-It speaks OpenAI Chat Completions (``POST /v1/chat/completions``, streaming and not) and Anthropic Messages
-(``POST /v1/messages``), and sends every call through the session's own ``ChatModel``: the cluster
-governor, retries of 429/5xx inside the call, token accounting and the hostile-provider protections all
-apply, and the harness sees a success or a final error (HTTP 400), never a retryable one.
+It speaks OpenAI Chat Completions (``POST /v1/chat/completions``), the OpenAI Responses API (``POST
+/v1/responses``) and Anthropic Messages (``POST /v1/messages``), each streaming and not, and sends every call
+through the session's own ``ChatModel``: the cluster governor, retries of 429/5xx inside the call, token
+accounting and the hostile-provider protections all apply, and the harness sees a success or a final
+error (HTTP 400), never a retryable one.
 
 Each session holds a seat: a random token that only this proxy accepts, and only while the session runs
 (the real API key never leaves the actor). A seat records every call (``RecordedCall``), refuses the call
@@ -17,6 +18,7 @@ import asyncio
 import contextvars
 import json
 import logging
+import os
 import secrets
 import shutil
 import tempfile
@@ -28,7 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
-from raygen.agents import anthropic, wire
+from raygen.agents import anthropic, responses, wire
 from raygen.agents.base import RecordedCall
 from raygen.errors import SessionFailure
 from raygen.model.base import ChatModel, Completion
@@ -37,6 +39,8 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 256 * 1024 * 1024
 """Largest request body taken (a long conversation with its tool schemas)."""
+_PREFIX = "raygen-agent-proxy-"
+"""The proxy's folder in the temp dir: ``raygen-agent-proxy-<pid>-XXXX``."""
 _ENDED_KEPT = 4096
 """Tokens of closed seats remembered, so a late call is told apart from a stranger's."""
 
@@ -71,7 +75,10 @@ class ModelProxy:
 
     def __init__(self, directory: str | Path | None = None):
         self._own_directory = directory is None
-        self.directory = Path(directory or tempfile.mkdtemp(prefix="raygen-agent-proxy-"))
+        if directory is None:
+            remove_orphans()
+            directory = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
+        self.directory = Path(directory)
         self.socket_path = self.directory / "proxy.sock"
         self._seats: dict[str, ProxySeat] = {}
         self._ended: OrderedDict[str, ProxySeat] = OrderedDict()
@@ -82,6 +89,7 @@ class ModelProxy:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/chat/completions", self._chat)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_post("/v1/messages", self._messages)
         app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
         app.router.add_get("/v1/models", self._models)
@@ -224,6 +232,24 @@ class ModelProxy:
         await response.write_eof()
         return response
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        try:
+            seat, body = await self._read(request)
+            call = self._call(seat, "responses", body, responses.request_parts)
+            completion = await self._complete(seat, call)
+        except _Refused as refused:
+            return web.json_response(
+                responses.error_body(refused.message, refused.kind), status=refused.status
+            )
+        name = seat.model.name
+        if not call.stream:
+            return web.json_response(responses.response_body(completion, name))
+        response = await _event_stream(request)
+        for event, data in responses.response_events(completion, name):
+            await response.write(wire.sse(data, event))
+        await response.write_eof()
+        return response
+
     async def _count_tokens(self, request: web.Request) -> web.Response:
         try:
             _, body = await self._read(request)
@@ -240,6 +266,27 @@ class ModelProxy:
             return web.json_response(wire.chat_error(refused.message, refused.kind), status=refused.status)
         model = {"id": seat.model.name, "object": "model", "created": 0, "owned_by": "raygen"}
         return web.json_response({"object": "list", "data": [model]})
+
+
+def remove_orphans() -> int:
+    """Remove the folders of proxies whose process is gone (an actor killed before its ``close``)."""
+    removed = 0
+    for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*-*"):
+        pid = folder.name[len(_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 async def _event_stream(request: web.Request) -> web.StreamResponse:

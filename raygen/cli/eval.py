@@ -88,6 +88,8 @@ def _fmt(metric: str, value: Any) -> str:
         return "—"
     if _is_rate(metric):
         return f"{value:.1%}"
+    if metric.endswith("_usd"):
+        return f"${value:,.4f}"
     if isinstance(value, float):
         return f"{value:,.1f}"
     return f"{value:,}"
@@ -98,6 +100,8 @@ def _delta(metric: str, value: float | None) -> str:
         return ""
     if _is_rate(metric):
         return f"{value * 100:+.1f} pp"
+    if metric.endswith("_usd"):
+        return f"{value:+,.4f}"
     return f"{value:+,.1f}" if isinstance(value, float) else f"{value:+,}"
 
 

@@ -45,6 +45,9 @@ def export(
         str, Opt(help="Which final records: kept, rejected, failed (comma-separated).")
     ] = "kept",
     rows_per_shard: Annotated[int, Opt("--rows-per-shard", min=1, help="Rows per output file.")] = 10_000,
+    token_rows: Annotated[
+        str, Opt("--token-rows", help="tokens: one row per trajectory, or per model call (turn).")
+    ] = "trajectory",
 ) -> None:
     """Write a finished run's records as training files: OpenAI fine-tuning JSONL, TRL messages + tools,
     token ids with loss masks and logprobs for RL, ShareGPT or Hermes. No model calls (docs/exports.md)."""
@@ -61,11 +64,16 @@ def export(
         over_length=over_length,  # type: ignore[arg-type]  # checked above
         include=tuple(s.strip() for s in include.split(",") if s.strip()),
         rows_per_shard=rows_per_shard,
+        token_rows=token_rows,  # type: ignore[arg-type]  # checked by the library
     )
     try:
         result = export_run(run_dir, options)
     except (ConfigError, OSError) as exc:
         _fail(exc)
+    _print_result(result)
+
+
+def _print_result(result) -> None:  # an ExportResult
     summary = f"{result.rows:,} rows of {result.records:,} records -> {result.out} ({len(result.files)} files"
     summary += f", {result.cut:,} cut at --max-length)" if result.cut else ")"
     err.print(summary, highlight=False, markup=False, soft_wrap=True)

@@ -239,6 +239,9 @@ def validate(
     dataset: DatasetArg,
     as_json: Annotated[bool, Opt("--json", help="Print the report as JSON.")] = False,
     plugins: ToolsetPlugins = None,
+    mcp_config: Annotated[
+        list[str] | None, Opt("--mcp-config", help="MCP servers whose names rows may use as toolsets.")
+    ] = None,
     eval_set: Annotated[
         Path | None, Opt("--eval-set", help="Also report prompts that occur in this evaluation set.")
     ] = None,
@@ -247,11 +250,13 @@ def validate(
     secrets, personal data and eval-set overlap found in the prompts (warnings, values masked)."""
     from raygen.cli.hygiene import print_hygiene, validate_hygiene
     from raygen.input.validate import scan_dataset
+    from raygen.tools.mcp_config import configured_servers
     from raygen.tools.registry import load_registry
 
     try:
         registry = load_registry(plugins or [])
-        report = scan_dataset(dataset, known_toolsets=set(registry.toolset_names()))
+        servers = configured_servers({}, mcp_config or [])  # names only: no server is started here
+        report = scan_dataset(dataset, known_toolsets=set(registry.toolset_names()) | set(servers))
         hygiene = validate_hygiene(dataset, eval_set, as_json=True, console=err) if report.ok else None
     except (ConfigError, InputError, OSError) as exc:
         _fail(exc)

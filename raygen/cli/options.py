@@ -183,7 +183,7 @@ AgentType = Annotated[
     str | None,
     Opt(
         "--agent",
-        help="Each session's agent: builtin, hermes, mini-swe-agent, claude-code, command \\[builtin].",
+        help="The agent of each session: builtin, hermes, mini-swe-agent, claude-code, codex, command.",
     ),
     Sets("agent.type"),
 ]

@@ -7,7 +7,7 @@ worker may cross in flight.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -48,8 +48,11 @@ class UsageReport:
     """Highest lease epoch among the 429'd requests (-1: none)."""
     errors: int = 0
     """5xx, timeouts and connection errors (counted, never cut the rate)."""
-    pause_s: float = 0.0
-    """Longest pause asked by the provider (Retry-After or rate-limit reset headers), in seconds."""
+    refusals: list[tuple[float, bool, float]] = field(default_factory=list)
+    """One ``(pause asked in seconds, was a 429, seconds since the request was sent)`` per answer that
+    refused or asked to wait (Retry-After or rate-limit reset headers; 0.0 if it named no time): evidence,
+    never a verdict (raygen.distributed.refusals). The age dates the refusal at the provider, which is
+    what measuring its limit needs: the report comes later, by as much as a loaded worker is slow."""
     wait_s: float = 0.0
     """Time callers spent waiting in acquire()."""
     in_flight: int | None = None
@@ -67,7 +70,53 @@ class UsageReport:
         self.rate_limited += other.rate_limited
         self.rate_limited_epoch = max(self.rate_limited_epoch, other.rate_limited_epoch)
         self.errors += other.errors
-        self.pause_s = max(self.pause_s, other.pause_s)
+        self.refusals = other.refusals + self.refusals
         self.wait_s += other.wait_s
         if self.in_flight is None:
             self.in_flight = other.in_flight
+
+
+@dataclass
+class Holder:
+    """One worker as the governor sees it."""
+
+    outstanding: int = 0
+    """Slots leased to this worker and not yet completed or returned."""
+    in_flight: int = 0
+    last_seen: float = 0.0
+
+
+class Holders:
+    """The workers holding leases; a worker silent for ``timeout_s`` is presumed dead and its slots free."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.by_name: dict[str, Holder] = {}
+        self.reserved = 0
+        """Slots leased and not yet completed or returned, over all workers."""
+
+    def touch(self, name: str, now: float) -> Holder:
+        holder = self.by_name.get(name)
+        if holder is None:
+            holder = self.by_name[name] = Holder()
+        holder.last_seen = now
+        return holder
+
+    def grant(self, holder: Holder, count: int) -> None:
+        holder.outstanding += count
+        self.reserved += count
+
+    def free(self, holder: Holder, count: int) -> None:
+        """``count`` of the holder's slots completed or came back (never more than it holds)."""
+        freed = min(holder.outstanding, count)
+        holder.outstanding -= freed
+        self.reserved = max(0, self.reserved - freed)
+
+    def reap(self, now: float) -> None:
+        for name, holder in list(self.by_name.items()):
+            if now - holder.last_seen > self.timeout_s:
+                self.reserved = max(0, self.reserved - holder.outstanding)
+                del self.by_name[name]
+
+    def in_flight(self) -> int:
+        return sum(h.in_flight for h in self.by_name.values())

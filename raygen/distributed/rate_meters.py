@@ -39,6 +39,54 @@ class Bucket:
         return 0.0 if missing <= 0 else missing / self.rate
 
 
+def grantable(
+    want: int, per_request: float, requests: Bucket | None, tokens: Bucket | None, in_flight_left: int | None
+) -> int:
+    """Slots grantable now, up to ``want`` of ``per_request`` tokens each: what the buckets hold and the
+    in-flight cap leaves (None: no such limit)."""
+    available = want
+    if requests is not None:
+        available = min(available, math.floor(requests.level + 1e-9))
+    if in_flight_left is not None:
+        available = min(available, in_flight_left)
+    if tokens is not None and per_request > 0:
+        by_tokens = math.floor(tokens.level / per_request + 1e-9) if tokens.level > 0 else 0
+        # A request larger than the whole bucket goes when the bucket is full, leaving a debt.
+        if by_tokens == 0 and tokens.level >= tokens.capacity - 1e-9:
+            by_tokens = 1
+        available = min(available, by_tokens)
+    return max(0, available)
+
+
+def most_grantable(
+    per_request: float, requests: Bucket | None, tokens: Bucket | None, max_in_flight: int | None
+) -> int:
+    """Most slots one grant could ever get: what full buckets and the in-flight cap allow."""
+    most = math.inf
+    if requests is not None:
+        most = math.floor(requests.capacity + 1e-9)
+    if max_in_flight is not None:
+        most = min(most, max_in_flight)
+    if tokens is not None and per_request > 0:
+        most = min(most, max(1, math.floor(tokens.capacity / per_request)))
+    return int(min(most, 1_000_000))
+
+
+def wait_hint(
+    count: int, per_request: float, requests: Bucket | None, tokens: Bucket | None, in_flight_left: int | None
+) -> float:
+    """Seconds until ``count`` slots could be granted (a short poll interval when only the in-flight cap
+    blocks: that frees when a worker reports)."""
+    hint = 0.0
+    if requests is not None:
+        hint = max(hint, requests.seconds_until(count))
+    if tokens is not None and per_request > 0:
+        hint = max(hint, tokens.seconds_until(min(count * per_request, tokens.capacity)))
+    if in_flight_left is not None and in_flight_left < count:
+        hint = max(hint, 0.05)
+    return hint
+
+
 class RateWindow:
     """Counts in bins of ``bin_s`` seconds over the last ``span_s`` seconds (bounded memory)."""
 
@@ -80,5 +128,13 @@ class History:
 
     max_len: int
     every_s: float = 1.0
-    samples: list[dict] = field(default_factory=list)
+    samples: list[dict[str, float | None]] = field(default_factory=list)
     next_at: float = 0.0
+
+    def record(self, now: float, sample: dict[str, float | None]) -> None:
+        """Keep ``sample`` (taken at ``now``); the next one is due ``every_s`` later."""
+        self.samples.append(sample)
+        if len(self.samples) >= self.max_len:
+            self.samples = self.samples[::2]
+            self.every_s *= 2
+        self.next_at = now + self.every_s

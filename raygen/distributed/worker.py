@@ -26,6 +26,7 @@ from raygen.distributed.control_link import ControlLink
 from raygen.distributed.governor import gate_for
 from raygen.distributed.metrics import MeteredGate, WorkerMetrics
 from raygen.distributed.plan import WorkerPlan
+from raygen.distributed.sandbox_governor import sandbox_gate_for, sandbox_key
 from raygen.envs.processes import use_pidfd_child_watcher
 from raygen.input.rows import Sample
 from raygen.model import create_model
@@ -45,8 +46,9 @@ class SessionWorker:
         self.node = ray.get_runtime_context().get_node_id()
         api_key = plan.api_key.get_secret_value()
         self.metrics = WorkerMetrics(plan.run_name)
+        governor = cfg.governor.bounded(getattr(cfg.model, "retry_max_wait_s", None))
         # One gate per process, leasing capacity from the cluster-wide governor the driver created.
-        gate = MeteredGate(gate_for(cfg.governor, plan.base_url, cfg.model.model, api_key), self.metrics)
+        gate = MeteredGate(gate_for(governor, plan.base_url, cfg.model.model, api_key), self.metrics)
         self.model = create_model(
             plan.model_config(),
             sampling=cfg.sampling,
@@ -81,6 +83,8 @@ class SessionWorker:
                 reserve_completion_tokens=reserve_completion_tokens(cfg.budget, cfg.sampling),
             ),
             agent=cfg.agent,
+            sandbox_gate=sandbox_gate_for(cfg.env),
+            sandbox_key=sandbox_key(cfg.env, self.node),
         )
         self.slots = asyncio.Semaphore(cfg.ray.sessions_per_worker)
         self.pid = os.getpid()

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Coroutine, Iterable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Generic, Self, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 from raygen.config_section import Section
-from raygen.errors import ConfigError
+from raygen.errors import ConfigError, SessionFailure
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -112,14 +115,82 @@ class Environment(ABC, Generic[ConfigT]):
 
     def __init__(self, spec: EnvSpec):
         self.spec = spec
+        self._starting: asyncio.Future | None = None
+        """The step that creates the sandbox (container, sandbox, instance), run once and shielded."""
+        self._closing: asyncio.Future | None = None
+        """The teardown, run once; every ``close()`` waits for the same one."""
+        self._background: set[asyncio.Future] = set()
 
     @abstractmethod
     async def start(self) -> None:
-        """Bring the environment up; raise SessionFailure("env_start"|"image_unavailable") if it cannot."""
+        """Bring the environment up; raise SessionFailure("env_start"|"image_unavailable") if it cannot.
+        Backends begin with ``self._refuse_if_closed()`` and run the step that creates something outside
+        raygen's process through ``self._start_once(...)``."""
 
-    @abstractmethod
     async def close(self) -> None:
-        """Tear everything down. Must be idempotent and safe to call after a failed start."""
+        """Tear everything down, once (``_teardown``): idempotent, safe after a failed or cancelled start,
+        and a cancelled caller still waits for the teardown to finish."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._teardown())
+        await finish_despite_cancellation(self._closing)
+
+    async def _teardown(self) -> None:
+        """What ``close()`` runs, once. Backends that create something override it; they call
+        ``_start_outcome()`` first, so a start cancelled half-way is torn down once it completes."""
+        self._cancel_background()
+
+    # --- lifecycle helpers shared by every backend ------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called (the teardown may still be running)."""
+        return self._closing is not None
+
+    def _refuse_if_closed(self) -> None:
+        if self._closing is not None:
+            raise SessionFailure("env_start", "this environment was already closed")
+
+    async def _start_once(self, creation: Coroutine[Any, Any, T]) -> T:
+        """Run ``creation`` (the step that makes a container, sandbox or instance) once, shielded and
+        remembered: if the caller is cancelled meanwhile, the creation still completes and ``close()``
+        tears down what it made. A second call awaits the first creation."""
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(creation)
+        else:
+            creation.close()
+        return await asyncio.shield(self._starting)
+
+    @property
+    def _started(self) -> bool:
+        """Whether the creation step ended and succeeded."""
+        starting = self._starting
+        if starting is None or not starting.done() or starting.cancelled():
+            return False
+        return starting.exception() is None
+
+    async def _start_outcome(self) -> asyncio.Future | None:
+        """For teardowns: wait for a creation still under way (its errors are the start's business), then
+        return it (done), or None if nothing was ever begun."""
+        starting = self._starting
+        if starting is not None and not starting.done():
+            with suppress(BaseException):
+                await asyncio.shield(starting)
+        return starting
+
+    def _spawn(self, work: Awaitable[Any]) -> None:
+        """Run ``work`` in the background (e.g. killing a command whose caller was cancelled), kept alive
+        until it ends; dropped once closing, since the teardown ends every command anyway."""
+        if self._closing is not None:
+            if asyncio.iscoroutine(work):
+                work.close()
+            return
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _cancel_background(self) -> None:
+        for task in list(self._background):
+            task.cancel()
 
     @abstractmethod
     async def exec(self, command: str, timeout_s: float, max_output_chars: int) -> ExecResult:

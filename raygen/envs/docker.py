@@ -3,8 +3,10 @@
 The container runs a do-nothing keep-alive under Docker's init (``init=True``: PID 1 reaps orphans and
 forwards signals), with no network (``network_mode=none``) unless ``env.network``, never privileged, no
 host mounts unless ``env.mounts``, CPU/memory/PID limits from the config, and labels naming the run, the
-session and the owning process so the reaper can find leftovers. Commands run with ``docker exec`` as
-``sh -c`` in the session's cwd (created by Docker as the container's working directory).
+session and the owning process so the reaper can find leftovers. Commands run as ``sh -c`` in the
+session's cwd (created by Docker as the container's working directory): through the exec channel
+(``docker_channel``: the container's own ``sh``, its stdin attached) unless ``env.exec_channel`` is off,
+else with one ``docker exec`` each; the keep-alive is then a ``sleep``.
 
 Timeouts: every exec carries a unique ``RAYGEN_EXEC_ID`` variable in its environment, which every child
 inherits, whatever process group or session it moves to. On timeout a second exec SIGKILLs every process
@@ -32,25 +34,28 @@ import socket
 import tarfile
 import time
 from collections.abc import Iterable, Mapping
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation, image_names
+from raygen.envs.base import Environment, EnvSpec, ExecResult, image_names
 from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.configs import DockerEnvConfig
 from raygen.envs.docker_attach import DockerProcess
+from raygen.envs.docker_channel import CHANNEL_COMMAND, attach_stdin, channel_over
 from raygen.envs.docker_engine import (
-    bind_mount,
     build_missing_images,
     container_gone,
+    container_options,
     ensure_images,
     get_client_async,
     import_docker,
     reap_containers,
     run_blocking,
 )
-from raygen.envs.docker_stream import open_exec_stream, read_exec_output
+from raygen.envs.docker_pool import adopt_warm
+from raygen.envs.docker_stream import close_stream, drain_exec_stream, open_exec_stream, read_exec_output
+from raygen.envs.exec_channel import MAX_CHANNEL_WRITE, ExecChannel, channel_usable_env
+from raygen.envs.fleet import SandboxRefused
 from raygen.envs.labels import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
 from raygen.envs.processes import (
     EXEC_ID_VAR,
@@ -75,31 +80,13 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")[:40] or "x"
 
 
-def _drain(stream: Any, out: OutputCapture, err: OutputCapture) -> Exception | None:
-    """Blocking: read a demultiplexed exec stream to its end; the error that ended it early, if any
-    (expected when we closed the stream ourselves; otherwise the engine or container went away)."""
-    try:
-        for stdout_chunk, stderr_chunk in stream:
-            if stdout_chunk:
-                out.feed(stdout_chunk)
-            if stderr_chunk:
-                err.feed(stderr_chunk)
-    except Exception as exc:
-        return exc
-    return None
-
-
-def _close_stream(stream: Any) -> None:
-    with suppress(Exception):
-        stream.close()
-
-
 class DockerEnvironment(Environment[DockerEnvConfig]):
     """One session's container (see the module docstring for the guarantees and how timeouts kill)."""
 
     backend = "docker"
     confined = True
     supports_binds = True
+    extra_labels: dict[str, str] = {}
     own_root_filesystem = True
 
     @classmethod
@@ -125,9 +112,7 @@ class DockerEnvironment(Environment[DockerEnvConfig]):
         self._env = spec.env_without_secrets()
         self._client: Any = None
         self._docker: Any = None
-        self._creating: asyncio.Future | None = None
-        self._removal: asyncio.Future | None = None
-        self._background: set[asyncio.Future] = set()
+        self._channel: ExecChannel | None = None
 
     @property
     def image(self) -> str | None:
@@ -136,8 +121,7 @@ class DockerEnvironment(Environment[DockerEnvConfig]):
     # --- lifecycle -------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._removal is not None:
-            raise SessionFailure("env_start", "this environment was already closed")
+        self._refuse_if_closed()
         self._docker = import_docker()
         image = self.image
         if not image:
@@ -146,57 +130,45 @@ class DockerEnvironment(Environment[DockerEnvConfig]):
         problem = (await ensure_images(self.config, {image}))[image]
         if problem:
             raise SessionFailure("image_unavailable", problem)
-        # Shielded and remembered: if start() is cancelled while the engine creates the container,
-        # close() waits for the creation to finish, then removes the container by name.
-        self._creating = asyncio.ensure_future(run_blocking(self.config, self._create_container, image))
-        self.container_id = await asyncio.shield(self._creating)
+        if self.config.warm_pool and await adopt_warm(self, image):
+            return
+        # If start() is cancelled while the engine creates the container, close() waits for the creation
+        # to finish, then removes the container by name.
+        created = await self._start_once(run_blocking(self.config, self._create_container, image))
+        self.container_id, attached = created
+        if attached is not None:
+            self._channel = await channel_over(attached, self.container_name)
 
-    def _create_container(self, image: str) -> str:
+    def _create_container(self, image: str) -> tuple[str, socket.socket | None]:
         docker = self._docker
-        config = self.config
-        options: dict[str, Any] = {
-            "name": self.container_name,
-            "labels": {
-                LABEL_RUN: self.spec.run_name,
-                LABEL_SAMPLE: self.spec.session_key,
-                LABEL_OWNER_PID: str(os.getpid()),
-                LABEL_OWNER_HOST: socket.gethostname(),
-            },
-            "init": True,
-            "working_dir": self.cwd,  # Docker creates it
-            "network_mode": None if config.network else "none",
-            "privileged": False,
-            "detach": True,
+        labels = {
+            LABEL_RUN: self.spec.run_name,
+            LABEL_SAMPLE: self.spec.session_key,
+            LABEL_OWNER_PID: str(os.getpid()),
+            LABEL_OWNER_HOST: socket.gethostname(),
+            **self.extra_labels,
         }
-        if config.cpus is not None:
-            options["nano_cpus"] = int(config.cpus * 1e9)
-        if config.memory is not None:
-            options["mem_limit"] = config.memory
-        if config.pids_limit is not None:
-            options["pids_limit"] = config.pids_limit
-        if mounts := [*config.mounts, *(f"{path}:{path}" for path in self.spec.binds)]:
-            options["mounts"] = [bind_mount(docker, mount) for mount in mounts]
+        options = container_options(self.config, self.container_name, labels, self.cwd, self.spec.binds)
+        command = CHANNEL_COMMAND if self.config.exec_channel else KEEPALIVE_COMMAND
         try:
             # create + start, never ``run``: run would pull a missing image behind the pull policy's back.
-            container = self._client.containers.create(image, KEEPALIVE_COMMAND, **options)
+            container = self._client.containers.create(image, command, **options)
+            attached = attach_stdin(self._client.api, container.id) if self.config.exec_channel else None
             container.start()
         except docker.errors.ImageNotFound as exc:
             raise SessionFailure("image_unavailable", f"image {image!r}: {exc.explanation or exc}") from exc
         except (docker.errors.DockerException, OSError) as exc:
-            raise SessionFailure("env_start", f"cannot start a container from {image!r}: {exc}") from exc
-        return container.id
+            # An overloaded daemon times out: a refusal, which the sandbox governor learns from.
+            refused = any(word in str(exc).lower() for word in ("timed out", "timeout", "deadline exceeded"))
+            failure = SandboxRefused if refused else SessionFailure
+            raise failure("env_start", f"cannot start a container from {image!r}: {exc}") from exc
+        return container.id, attached
 
-    async def close(self) -> None:
-        if self._removal is None:
-            self._removal = asyncio.ensure_future(self._remove())
-        await finish_despite_cancellation(self._removal)
-
-    async def _remove(self) -> None:
-        if self._creating is not None and not self._creating.done():
-            with suppress(BaseException):
-                await asyncio.shield(self._creating)
-        if self._creating is None:
+    async def _teardown(self) -> None:
+        if await self._start_outcome() is None:
             return  # nothing was ever created
+        if self._channel is not None:
+            await self._channel.close()
         try:
             # Removing the container also ends any command still running in it (kills in flight too).
             await run_blocking(self.config, self._remove_container)
@@ -220,7 +192,7 @@ class DockerEnvironment(Environment[DockerEnvConfig]):
                 time.sleep(0.2 * (attempt + 1))
 
     def _require_running(self) -> str:
-        if self._removal is not None:
+        if self.closed:
             raise SessionFailure("env_lost", "the container was already removed (environment closed)")
         if self.container_id is None:
             raise SessionFailure("env_lost", "the environment was not started")
@@ -262,7 +234,15 @@ class DockerEnvironment(Environment[DockerEnvConfig]):
             raise self._lost(exc) from exc
         return info.get("ExitCode"), output or b""
 
+    def _open_channel(self) -> ExecChannel | None:
+        self._require_running()
+        return self._channel if self._channel is not None and self._channel.usable else None
+
     async def exec(self, command: str, timeout_s: float, max_output_chars: int) -> ExecResult:
+        if (channel := self._open_channel()) and channel_usable_env(self._env):
+            return await channel.exec(
+                command, self.cwd, self._env, timeout_s, max_output_chars, self._kill_exec
+            )
         started = time.monotonic()
         exec_tag = secrets.token_hex(12)
         exec_id = await self._exec_create(["sh", "-c", command], {**self._env, EXEC_ID_VAR: exec_tag})
@@ -271,7 +251,7 @@ class DockerEnvironment(Environment[DockerEnvConfig]):
         except (self._docker.errors.DockerException, OSError) as exc:
             raise self._lost(exc) from exc
         out, err = OutputCapture(max_output_chars), OutputCapture(max_output_chars)
-        reader = asyncio.ensure_future(run_blocking(self.config, _drain, stream, out, err))
+        reader = asyncio.ensure_future(run_blocking(self.config, drain_exec_stream, stream, out, err))
         timed_out = stream_closed = False
         try:
             await asyncio.wait([reader], timeout=timeout_s)
@@ -281,13 +261,13 @@ class DockerEnvironment(Environment[DockerEnvConfig]):
                 await asyncio.wait([reader], timeout=KILL_GRACE_S)
         except asyncio.CancelledError:
             # Stop listening now and kill the command in the background (or close() removes it all).
-            _close_stream(stream)
+            close_stream(stream)
             self._spawn(self._kill_exec(exec_tag))
             raise
         if not reader.done():
             # Something escaped the kill (it scrubbed its environment) and holds the output open.
             stream_closed = True
-            _close_stream(stream)
+            close_stream(stream)
             await asyncio.wait([reader], timeout=KILL_GRACE_S)
         stream_error = reader.result() if reader.done() else None
         if stream_error is not None and not stream_closed:
@@ -308,13 +288,8 @@ class DockerEnvironment(Environment[DockerEnvConfig]):
             code, output = await self._run_quiet(argv, user="0", internal=True)
         except SessionFailure as exc:
             code, output = None, str(exc).encode()
-        if code != 0 and self._removal is None:  # while closing, the container's removal does the killing
+        if code != 0 and not self.closed:  # while closing, the container's removal does the killing
             log.warning("could not kill a timed-out command (exit %s): %r", code, output[:300])
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     async def open_process(self, argv: list[str], env: dict[str, str], cwd: str | None) -> DockerProcess:
         return await DockerProcess.start(self, argv, {**self._env, **env}, self._absolute(cwd or "."))
@@ -327,6 +302,8 @@ class DockerEnvironment(Environment[DockerEnvConfig]):
     async def read_file(self, path: str) -> bytes:
         container_id = self._require_running()
         target = self._absolute(path)
+        if channel := self._open_channel():
+            return await channel.read_file(target, path)
         for _ in range(_MAX_SYMLINK_HOPS):
             member, data = await run_blocking(self.config, self._fetch, container_id, target, path)
             if not member.issym():
@@ -373,6 +350,8 @@ class DockerEnvironment(Environment[DockerEnvConfig]):
         container_id = self._require_running()
         target = self._absolute(path)
         parent = posixpath.dirname(target) or "/"
+        if (channel := self._open_channel()) and len(data) <= MAX_CHANNEL_WRITE:
+            return await channel.write_file(target, parent, data, path)
         code, output = await self._run_quiet(
             ["sh", "-c", _PREPARE_WRITE_SCRIPT, "raygen-write", parent, target]
         )

@@ -130,7 +130,6 @@ class DockerProcess(EnvProcess):
         self._demux.cancel()
         with suppress(BaseException):
             await self._demux
-        # Kill it and whatever it started, in the background: if the session is ending, the container's
-        # removal does the same anyway, and a session need not wait for an extra exec.
-        if self._env._removal is None:
-            self._env._spawn(self._env._kill_exec(self._tag))
+        # Kill it and whatever it started, in the background (a session need not wait for an extra exec);
+        # once the environment is closing, _spawn drops it: the container's removal does the same.
+        self._env._spawn(self._env._kill_exec(self._tag))

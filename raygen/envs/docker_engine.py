@@ -250,6 +250,34 @@ def container_gone(exc: Any) -> bool:
     return "no such container" in text or "is not running" in text
 
 
+def container_options(
+    config: Any, name: str, labels: dict[str, str], cwd: str, binds: Iterable[str] = ()
+) -> dict[str, Any]:
+    """``containers.create`` options of a session's container (see DockerEnvironment); ``binds``: host
+    folders shown at the same path inside (an agent harness's seat, EnvSpec.binds)."""
+    docker = import_docker()
+    options: dict[str, Any] = {
+        "name": name,
+        "labels": labels,
+        "init": True,
+        "working_dir": cwd,  # Docker creates it
+        "network_mode": None if config.network else "none",
+        "privileged": False,
+        "detach": True,
+    }
+    if config.exec_channel:  # the container's process is the exec channel's sh, fed through its stdin
+        options.update(stdin_open=True, log_config=docker.types.LogConfig(type="none"))
+    if config.cpus is not None:
+        options["nano_cpus"] = int(config.cpus * 1e9)
+    if config.memory is not None:
+        options["mem_limit"] = config.memory
+    if config.pids_limit is not None:
+        options["pids_limit"] = config.pids_limit
+    if mounts := [*config.mounts, *(f"{path}:{path}" for path in binds)]:
+        options["mounts"] = [bind_mount(docker, mount) for mount in mounts]
+    return options
+
+
 def bind_mount(docker: Any, spec: str) -> Any:
     source, target, *mode = spec.split(":")
     return docker.types.Mount(target=target, source=source, type="bind", read_only=mode == ["ro"])

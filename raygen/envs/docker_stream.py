@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from contextlib import suppress
 from typing import Any
+
+from raygen.envs.capture import OutputCapture
 
 _FRAME_HEADER = struct.Struct(">BxxxL")  # stream id (1 stdout, 2 stderr), 3 pad bytes, payload length
 _STDOUT, _STDERR = 1, 2
@@ -81,3 +84,22 @@ def _frames(reader: Any) -> Iterator[tuple[bytes | None, bytes | None]]:
                 yield None, chunk
             elif stream_id == _STDOUT:
                 yield chunk, None
+
+
+def drain_exec_stream(stream: Any, out: OutputCapture, err: OutputCapture) -> Exception | None:
+    """Blocking: read a demultiplexed exec stream to its end; the error that ended it early, if any
+    (expected when we closed the stream ourselves; otherwise the engine or container went away)."""
+    try:
+        for stdout_chunk, stderr_chunk in stream:
+            if stdout_chunk:
+                out.feed(stdout_chunk)
+            if stderr_chunk:
+                err.feed(stderr_chunk)
+    except Exception as exc:
+        return exc
+    return None
+
+
+def close_stream(stream: Any) -> None:
+    with suppress(Exception):
+        stream.close()

@@ -181,8 +181,7 @@ class FakeEnvironment(Environment[FakeEnvConfig]):
         self._state = "new"
 
     async def start(self) -> None:
-        if self._state == "closed":
-            raise SessionFailure("env_start", "this environment was already closed")
+        self._refuse_if_closed()
         self.cwd = posixpath.normpath(posixpath.join("/", self.spec.cwd or "/"))
         for path in (self.cwd, "/tmp", "/home/raygen"):
             self.mkdirs(path)
@@ -191,7 +190,7 @@ class FakeEnvironment(Environment[FakeEnvConfig]):
         self.variables.update(HOME="/home/raygen", TMPDIR="/tmp", PWD=self.cwd)
         self._state = "started"
 
-    async def close(self) -> None:
+    async def _teardown(self) -> None:
         self._state = "closed"
         self.files.clear()
         self.dirs = {"/"}

@@ -156,11 +156,9 @@ class LocalEnvironment(Environment[LocalEnvConfig]):
         self._bwrap: str | None = None
         self._env: dict[str, str] = {}
         self._process_groups: set[int] = set()
-        self._closed = False
 
     async def start(self) -> None:
-        if self._closed:
-            raise SessionFailure("env_start", "this environment was already closed")
+        self._refuse_if_closed()
         if self.workdir is not None:
             return  # already started
         if self.config.bwrap:
@@ -192,7 +190,7 @@ class LocalEnvironment(Environment[LocalEnvConfig]):
         self._env = command_environment(self.config.keep_env, self.spec, str(self.workdir / "home"), tmpdir)
 
     def _require_open(self) -> Path:
-        if self._closed:
+        if self.closed:
             raise SessionFailure("env_lost", "the local environment is closed")
         if self.cwd is None or self.workdir is None:
             raise SessionFailure("env_lost", "the local environment was not started")
@@ -318,10 +316,7 @@ class LocalEnvironment(Environment[LocalEnvConfig]):
     async def write_file(self, path: str, data: bytes) -> None:
         await asyncio.to_thread(write_file, self._host_path(path, for_write=True), data)
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    async def _teardown(self) -> None:
         groups, self._process_groups = self._process_groups, set()
         # Every process of the session: its commands' groups, all their descendants wherever they went
         # (the subreaper keeps detached daemons among them), and anything working inside the workdir.

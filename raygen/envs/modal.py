@@ -30,9 +30,10 @@ import time
 from contextlib import suppress
 from typing import Any
 
-from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
+from raygen.envs.base import Environment, EnvSpec, ExecResult
 from raygen.envs.capture import OutputCapture, exec_result
 from raygen.envs.configs import ModalEnvConfig
+from raygen.envs.fleet import SandboxRefused
 from raygen.envs.labels import LABEL_OWNER_HOST, LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
 from raygen.envs.processes import EXEC_ID_VAR, KILL_BY_EXEC_ID_SCRIPT, KILL_GRACE_S, TIMEOUT_EXIT_CODE
 from raygen.errors import MissingExtraError, SessionFailure
@@ -93,9 +94,6 @@ class ModalEnvironment(Environment[ModalEnvConfig]):
         self._env = spec.env_without_secrets()
         self.sandbox: Any = None
         self._modal: Any = None
-        self._creating: asyncio.Future | None = None
-        self._closing: asyncio.Future | None = None
-        self._background: set[asyncio.Future] = set()
 
     @property
     def image(self) -> str | None:
@@ -118,16 +116,14 @@ class ModalEnvironment(Environment[ModalEnvConfig]):
     # --- lifecycle -------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._closing is not None:
-            raise SessionFailure("env_start", "this environment was already closed")
+        self._refuse_if_closed()
         self._modal = import_modal()
         image = self.image
         if not image:
             raise SessionFailure("image_unavailable", "the row names no image and env.default_image is unset")
-        # Shielded and remembered: if start() is cancelled while Modal creates the sandbox, close() waits
-        # for the creation to finish, then terminates the sandbox.
-        self._creating = asyncio.ensure_future(self._create(image))
-        self.sandbox = await asyncio.shield(self._creating)
+        # If start() is cancelled while Modal creates the sandbox, close() waits for the creation to
+        # finish, then terminates the sandbox.
+        self.sandbox = await self._start_once(self._create(image))
         await self._make_workdir()
 
     async def _create(self, image: str) -> Any:
@@ -149,6 +145,8 @@ class ModalEnvironment(Environment[ModalEnvConfig]):
             return await modal.Sandbox.create.aio(app=app, **options)
         except errors.ImageBuildError as exc:
             raise SessionFailure("image_unavailable", f"image {image!r}: {exc}") from exc
+        except errors.ResourceExhaustedError as exc:  # Modal's creation rate limit: the governor learns
+            raise SandboxRefused("env_start", f"Modal refused a sandbox for {image!r}: {exc}") from exc
         except _infra_errors(modal) as exc:
             raise SessionFailure("env_start", f"cannot create a Modal sandbox from {image!r}: {exc}") from exc
 
@@ -160,18 +158,10 @@ class ModalEnvironment(Environment[ModalEnvConfig]):
                 "env_start", f"cannot create the working directory {self.cwd}: {exc}"
             ) from exc
 
-    async def close(self) -> None:
-        if self._closing is None:
-            self._closing = asyncio.ensure_future(self._terminate())
-        await finish_despite_cancellation(self._closing)
-
-    async def _terminate(self) -> None:
-        creating = self._creating
+    async def _teardown(self) -> None:
+        creating = await self._start_outcome()
         if creating is None:
             return  # nothing was ever created
-        if not creating.done():
-            with suppress(BaseException):
-                await asyncio.shield(creating)
         if creating.cancelled() or creating.exception() is not None:
             return
         sandbox = creating.result()
@@ -183,7 +173,7 @@ class ModalEnvironment(Environment[ModalEnvConfig]):
             await sandbox.detach.aio()  # releases the SDK's connection to the sandbox's worker
 
     def _require_running(self) -> Any:
-        if self._closing is not None:
+        if self.closed:
             raise SessionFailure("env_lost", "the sandbox was already terminated (environment closed)")
         if self.sandbox is None:
             raise SessionFailure("env_lost", "the environment was not started")
@@ -191,11 +181,6 @@ class ModalEnvironment(Environment[ModalEnvConfig]):
 
     def _lost(self, exc: BaseException) -> SessionFailure:
         return SessionFailure("env_lost", f"Modal sandbox {self.sandbox_id}: {exc}")
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     # --- commands ---------------------------------------------------------------------------------------
 
@@ -246,7 +231,7 @@ class ModalEnvironment(Environment[ModalEnvConfig]):
         return exec_result(exit_code, out, err, timed_out, time.monotonic() - started)
 
     async def _kill_exec(self, exec_tag: str) -> None:
-        if self._closing is not None or self.sandbox is None:
+        if self.closed or self.sandbox is None:
             return  # terminating the sandbox ends every command
         try:
             process = await self.sandbox.exec.aio(
@@ -262,7 +247,7 @@ class ModalEnvironment(Environment[ModalEnvConfig]):
             detail = (await process.stderr.read.aio())[:300] if code else b""
         except _infra_errors(self._modal) as exc:
             code, detail = None, str(exc).encode()
-        if code != 0 and self._closing is None:
+        if code != 0 and not self.closed:
             log.warning("could not kill a timed-out command (exit %s): %r", code, detail)
 
     # --- files ------------------------------------------------------------------------------------------

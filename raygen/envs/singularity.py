@@ -41,22 +41,23 @@ from collections.abc import Iterable
 from contextlib import suppress
 from pathlib import Path
 
-from raygen.envs.base import Environment, EnvSpec, ExecResult, finish_despite_cancellation
-from raygen.envs.capture import OutputCapture, exec_result
+from raygen.envs.base import Environment, EnvSpec, ExecResult
 from raygen.envs.configs import SingularityEnvConfig
+from raygen.envs.fleet import SandboxRefused
 from raygen.envs.host import make_workdir, remove_tree
 from raygen.envs.processes import (
     DRAIN_GRACE_S,
     EXEC_ID_VAR,
     KILL_BY_EXEC_ID_SCRIPT,
     MAX_READ_BYTES,
-    TIMEOUT_EXIT_CODE,
     kill_group,
     read_regular_file,
     run_captured,
     write_file,
 )
 from raygen.envs.singularity_images import find_executable, prepare_sif_images, resolve_image
+from raygen.envs.singularity_process import exec_outcome, open_instance_process
+from raygen.envs.stdio_process import HostProcess
 from raygen.errors import SessionFailure
 from raygen.formats.scrub import looks_secret
 
@@ -145,9 +146,6 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
         self._process_env: dict[str, str] = {}
         self._container_vars = container_variables(spec)
         self._process_groups: set[int] = set()
-        self._starting: asyncio.Future | None = None
-        self._closing: asyncio.Future | None = None
-        self._background: set[asyncio.Task] = set()
 
     @property
     def image(self) -> str | None:
@@ -156,8 +154,7 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
     # --- lifecycle -------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._closing is not None:
-            raise SessionFailure("env_start", "this environment was already closed")
+        self._refuse_if_closed()
         if self._starting is not None:
             return
         self._executable = find_executable(self.config)
@@ -166,10 +163,8 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
         self.image_path = await resolve_image(self.config, self.image)
         self._process_env = apptainer_environment()
         workdir = self._make_workdir()
-        # Shielded and remembered: if start() is cancelled meanwhile, close() waits for the start to end,
-        # then stops the instance.
-        self._starting = asyncio.ensure_future(self._start_instance(workdir))
-        await asyncio.shield(self._starting)
+        # If start() is cancelled meanwhile, close() waits for the start to end, then stops the instance.
+        await self._start_once(self._start_instance(workdir))
         if not _inside(self.cwd, str(workdir)):  # an absolute cwd lives in the container's own tmpfs
             code, _, err = await self._run_quiet(self._exec_argv("/", "mkdir", "-p", "--", self.cwd))
             if code != 0:
@@ -203,25 +198,17 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
         ]  # fmt: skip
         try:
             code, out, err = await self._run_quiet(argv, timeout_s=self.config.start_timeout_s)
-        except TimeoutError as exc:
-            raise SessionFailure(
+        except TimeoutError as exc:  # an overloaded node: the sandbox governor learns from it
+            raise SandboxRefused(
                 "env_start", f"instance start took over {self.config.start_timeout_s}s"
             ) from exc
         if code != 0:
             detail = (err or out).decode("utf-8", "replace").strip()[-500:]
             raise SessionFailure("env_start", f"cannot start an instance of {self.image_path}: {detail}")
 
-    async def close(self) -> None:
-        if self._closing is None:
-            self._closing = asyncio.ensure_future(self._teardown())
-        await finish_despite_cancellation(self._closing)
-
     async def _teardown(self) -> None:
-        for task in list(self._background):
-            task.cancel()
-        if self._starting is not None:
-            with suppress(BaseException):
-                await asyncio.shield(self._starting)
+        self._cancel_background()
+        if await self._start_outcome() is not None:
             # Stopping ends every process of the instance (its PID namespace goes with it).
             stop = [self._executable, "instance", "stop", "--force", self.instance_name]
             try:
@@ -236,10 +223,9 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
             log.warning("could not remove session workdir %s", self.workdir)
 
     def _require_running(self) -> None:
-        if self._closing is not None:
+        if self.closed:
             raise SessionFailure("env_lost", "the instance was already stopped (environment closed)")
-        starting = self._starting
-        if starting is None or not starting.done() or starting.cancelled() or starting.exception():
+        if not self._started:
             raise SessionFailure("env_lost", "the environment was not started")
 
     # --- processes -------------------------------------------------------------------------------------
@@ -286,7 +272,7 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
             max_output_chars=max_output_chars,
             groups=self._process_groups,
             before_kill=lambda: self._kill_in_instance(exec_id),
-            on_cancel=lambda: self._in_background(self._kill_in_instance(exec_id)),
+            on_cancel=lambda: self._spawn(self._kill_in_instance(exec_id)),
             keep_group=False,  # whatever of the command is left runs in the instance, which close() stops
         )
         returncode, out, err, timed_out = done.returncode, done.out, done.err, done.timed_out
@@ -294,7 +280,7 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
             raise SessionFailure(
                 "env_lost", f"instance {self.instance_name} is gone: {err.render()[0][-300:]}"
             )
-        return _result(returncode, out, err, timed_out, time.monotonic() - started)
+        return exec_outcome(returncode, out, err, timed_out, time.monotonic() - started)
 
     async def _kill_in_instance(self, exec_id: str) -> None:
         argv = self._exec_argv("/", "sh", "-c", KILL_BY_EXEC_ID_SCRIPT, "raygen-kill", exec_id)
@@ -303,13 +289,8 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
         except Exception as exc:  # the instance stop at close() still ends everything
             log.warning("could not kill command %s in %s: %s", exec_id, self.instance_name, exc)
 
-    def _in_background(self, coroutine) -> None:
-        if self._closing is not None:
-            coroutine.close()
-            return
-        task = asyncio.ensure_future(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    async def open_process(self, argv: list[str], env: dict[str, str], cwd: str | None) -> HostProcess:
+        return await open_instance_process(self, argv, env, cwd)
 
     async def _instance_alive(self) -> bool:
         argv = [self._executable, "instance", "list", "--json", self.instance_name]
@@ -366,16 +347,6 @@ class SingularityEnvironment(Environment[SingularityEnvConfig]):
             raise SessionFailure("env_lost", f"instance {self.instance_name} is gone")
         detail = err.decode("utf-8", "replace").strip()[-300:]
         raise OSError(errno.EIO, f"file transfer failed (exit {code}): {detail}", path)
-
-
-def _result(
-    returncode: int | None, out: OutputCapture, err: OutputCapture, timed_out: bool, duration: float
-) -> ExecResult:
-    if timed_out or returncode is None:
-        exit_code = TIMEOUT_EXIT_CODE
-    else:
-        exit_code = 128 - returncode if returncode < 0 else returncode
-    return exec_result(exit_code, out, err, timed_out, duration)
 
 
 def reap_instances(config: SingularityEnvConfig, run_name: str | None) -> int:

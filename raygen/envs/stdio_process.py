@@ -12,6 +12,7 @@ import asyncio
 import errno
 import subprocess
 from collections import deque
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
@@ -46,8 +47,15 @@ class StderrTail:
 class HostProcess(EnvProcess):
     """A host process in its own process group (see the module docstring)."""
 
-    def __init__(self, process: asyncio.subprocess.Process, groups: set[int] | None, whole_tree: bool):
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        groups: set[int] | None,
+        whole_tree: bool,
+        on_close: Callable[[], object] | None = None,
+    ):
         self.process = process
+        self._on_close = on_close
         self.pgid = process.pid
         self._groups = groups
         self._whole_tree = whole_tree
@@ -64,9 +72,11 @@ class HostProcess(EnvProcess):
         cwd: str | Path | None,
         groups: set[int] | None = None,
         whole_tree: bool = True,
+        on_close: Callable[[], object] | None = None,
     ) -> HostProcess:
         """Start ``argv``; its group is added to ``groups`` (what the environment's ``close`` kills) and
-        removed again when this process is closed. ``SessionFailure("mcp_server_lost")`` if it cannot."""
+        removed again when this process is closed; ``on_close`` is called at ``close`` (e.g. to kill what
+        it runs inside a container). ``SessionFailure("mcp_server_lost")`` if it cannot start."""
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
@@ -83,7 +93,7 @@ class HostProcess(EnvProcess):
             raise SessionFailure("mcp_server_lost", f"cannot start {argv[0]!r}: {detail}") from exc
         if groups is not None:
             groups.add(process.pid)
-        return cls(process, groups, whole_tree)
+        return cls(process, groups, whole_tree, on_close)
 
     async def _pump_stderr(self) -> None:
         stream = self.process.stderr
@@ -117,6 +127,8 @@ class HostProcess(EnvProcess):
         if self._closed:
             return
         self._closed = True
+        if self._on_close is not None:
+            self._on_close()
         with suppress(OSError):
             self.process.stdin.close()
         # No grace period: a session's server holds nothing worth flushing, and a wait per session adds up.

@@ -154,6 +154,10 @@ def bucket_metrics(bucket: dict[str, Any]) -> dict[str, float | None]:
         "reasoning_coverage": reasoning.get("coverage"),
         "sessions_with_reasoning_rate": ratio(reasoning.get("sessions_with_any", 0), total),
         "duration_mean_s": (bucket.get("duration_s") or {}).get("mean"),
+        # Money (docs/cost.md): the final records' spend, per kept trajectory, and on what was not kept.
+        "cost_usd": (bucket.get("cost") or {}).get("final_usd"),
+        "cost_per_kept_usd": (bucket.get("cost") or {}).get("per_kept_usd"),
+        "waste_usd": (bucket.get("cost") or {}).get("waste_usd"),
         **verification_metrics(bucket),
     }
 

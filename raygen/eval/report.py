@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from raygen.eval.cost import cost_section
 from raygen.eval.html import esc, section, table
 from raygen.eval.profile import RunProfile
 from raygen.eval.rewards import rewards_section
@@ -56,6 +57,7 @@ _NAV = (
     ("reasoning", "Reasoning"),
     ("failures", "Rejections & failures"),
     ("rewards", "Rewards"),
+    ("cost", "Cost"),
     ("tokens", "Tokens"),
     ("viewer", "Trajectories"),
 )
@@ -181,6 +183,7 @@ def build_report(
         + reasoning_section(stats)
         + failures_section(stats)
         + rewards_section(stats)
+        + cost_section(stats)
         + template_check_section(_template_check(info.run_dir))
         + _viewer_section(entries, sampler, seed, sample_size)
         + "</main>"

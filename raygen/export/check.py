@@ -8,7 +8,10 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
-from raygen.export.tokens import TokenRow
+from raygen.export.render import Rendering
+from raygen.formats.chat_template import render_ids, reply_ids
+from raygen.formats.loss_mask import first_generated_index, generated_replies
+from raygen.formats.token_ids import full_prompts
 
 HISTOGRAM_EDGES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 """Upper edges of the token-count bins (the last bin holds everything longer)."""
@@ -54,27 +57,62 @@ class TemplateCheck:
             if len(self.over_length) < _EXAMPLES:
                 self.over_length.append(record_id)
 
-    def compare(self, record_id: str, ids: list[int], captured: TokenRow, tokenizer: Any) -> None:
-        """Compare the rendering with the ids the server returned (prompt and replies, as captured)."""
-        self.compared += 1
-        served = captured.prompt_ids + captured.response_ids
-        if ids[: len(served)] == served:
-            self.matched += 1
+    def compare(
+        self,
+        record_id: str,
+        record: dict[str, Any],
+        tokenizer: Any,
+        tools: list[Any],
+        rendering: Rendering | None,
+    ) -> None:
+        """Compare the template's tokens with the ids the server returned, turn by turn: the prompt each
+        model call was sent and its reply. From the whole rendering where there is one, else rendered per
+        turn (a template that re-renders history has no whole rendering, but each prompt still has one).
+        Turns without captured ids are not compared."""
+        turns = [t if isinstance(t, dict) else {} for t in record.get("turns") or []]
+        messages = record.get("messages") or []
+        replies = generated_replies(messages, first_generated_index(messages))
+        pairs = [
+            (k, index, prompt, turns[k]["token_ids"])
+            for k, (index, prompt) in enumerate(zip(replies, full_prompts(turns), strict=False))
+            if prompt is not None and turns[k].get("token_ids") is not None
+        ]
+        if not pairs:
             return
+        self.compared += 1
+        for k, index, prompt, reply in pairs:
+            if rendering is not None:
+                begin, end = rendering.spans[index]
+                ours = {"prompt": rendering.ids[:begin], "reply": rendering.ids[begin:end]}
+            else:
+                ours = {
+                    "prompt": render_ids(tokenizer, messages[:index], tools, generation_prompt=True),
+                    "reply": reply_ids(tokenizer, messages[:index], messages[index], tools),
+                }
+            for part, served in (("prompt", prompt), ("reply", reply)):
+                if served != ours[part]:
+                    self._mismatch(record_id, k, part, ours[part], served, tokenizer)
+                    return
+        self.matched += 1
+
+    def _mismatch(
+        self, record_id: str, turn: int, part: str, rendered: list[int], served: list[int], tokenizer: Any
+    ) -> None:
         self.mismatch_count += 1
         if len(self.mismatches) >= _EXAMPLES:
             return
         at = next(
-            (i for i, (a, b) in enumerate(zip(ids, served, strict=False)) if a != b),
-            min(len(ids), len(served)),
+            (i for i, (a, b) in enumerate(zip(rendered, served, strict=False)) if a != b),
+            min(len(rendered), len(served)),
         )
         low, high = max(0, at - _CONTEXT), at + _CONTEXT
         self.mismatches.append(
             {
                 "id": record_id,
+                "turn": turn,
+                "part": part,
                 "position": at,
-                "in_prompt": at < len(captured.prompt_ids),
-                "rendered": tokenizer.decode(ids[low:high]),
+                "rendered": tokenizer.decode(rendered[low:high]),
                 "served": tokenizer.decode(served[low:high]),
             }
         )

@@ -19,7 +19,15 @@ from raygen.export import formats
 from raygen.export.check import TemplateCheck
 from raygen.export.conversation import messages_of, tool_schemas
 from raygen.export.render import NotPrefixConsistent, Rendering, render_record
-from raygen.export.tokens import TokenRow, captured_row, rendered_row
+from raygen.export.tokens import (
+    NO_IDS,
+    TokenRow,
+    capture_gap,
+    captured_row,
+    captured_turn_rows,
+    rendered_row,
+    rendered_turn_rows,
+)
 from raygen.export.writer import EXPORT_FILE, TEMPLATE_CHECK_FILE, ShardWriter
 from raygen.formats.chat_template import load_tokenizer
 from raygen.output.run_dir import DATA_DIR, FAILED_DIR, MANIFEST_FILE, REJECTED_DIR, RunDir
@@ -37,10 +45,14 @@ class ExportOptions:
     over_length: Literal["cut", "drop"] = "drop"
     include: tuple[str, ...] = ("kept",)
     rows_per_shard: int = 10_000
+    token_rows: Literal["trajectory", "turn"] = "trajectory"
+    """``tokens``: one row per trajectory, or one per model call."""
 
     def validate(self) -> None:
         if self.fmt not in formats.FORMATS:
             raise ConfigError(f"--to {self.fmt!r}: choose one of {', '.join(formats.FORMATS)}")
+        if self.token_rows not in ("trajectory", "turn"):
+            raise ConfigError(f"--token-rows {self.token_rows!r}: choose trajectory or turn")
         if unknown := [s for s in self.include if s not in SOURCES]:
             raise ConfigError(f"--include {','.join(unknown)}: choose from {', '.join(SOURCES)}")
         if self.check and not self.tokenizer:
@@ -106,22 +118,41 @@ class _Exporter:
         self.result.records += 1
         record_id = str(record.get("id") or record.get("sample_key") or "")
         rendering = self.render(record, record_id)
-        captured = captured_row(record) if self.options.fmt == "tokens" or self.check else None
-        if self.check is not None and rendering is not None and captured is not None:
-            self.check.compare(record_id, rendering.ids, captured, self.tokenizer)
+        if self.check is not None:
+            self._compare(record_id, record, rendering)
         if self.options.fmt == "tokens":
-            self._add_tokens(record, captured or (rendered_row(record, rendering) if rendering else None))
+            for row in self._token_rows(record, rendering):
+                self._add_tokens(record, row)
         else:
             self._add_messages(record, rendering)
+
+    def _compare(self, record_id: str, record: dict[str, Any], rendering: Rendering | None) -> None:
+        tools = tool_schemas(record)
+        if rendering is not None:
+            self.check.compare(record_id, record, self.tokenizer, tools, rendering)
+            return
+        try:  # rendered per turn: a template that failed on the whole may fail here too
+            self.check.compare(record_id, record, self.tokenizer, tools, None)
+        except Exception:  # the template's own error; render_failures counts the record
+            return
+
+    def _token_rows(self, record: dict[str, Any], rendering: Rendering | None) -> list[TokenRow]:
+        """The record's rows: from the server's ids where they make them, else from the rendering; none
+        (a skip, counted with its reason) when neither can."""
+        per_turn = self.options.token_rows == "turn"
+        rows = captured_turn_rows(record) if per_turn else captured_row(record)
+        if rows is None and rendering is not None:
+            rows = rendered_turn_rows(record, rendering) if per_turn else rendered_row(record, rendering)
+        if rows is None:
+            why = capture_gap(record, whole=not per_turn) or NO_IDS
+            self._skip(why + (" and the template failed" if self.tokenizer else ", and no --tokenizer"))
+            return []
+        return rows if isinstance(rows, list) else [rows]
 
     def _skip(self, reason: str) -> None:
         self.result.skipped[reason] += 1
 
-    def _add_tokens(self, record: dict[str, Any], row: TokenRow | None) -> None:
-        if row is None:
-            why = "no token ids captured (sampling.return_token_ids)"
-            self._skip(why + (" and the template failed" if self.tokenizer else ", and no --tokenizer"))
-            return
+    def _add_tokens(self, record: dict[str, Any], row: TokenRow) -> None:
         cut = False
         limit = self.options.max_length
         if limit is not None and row.length > limit:
@@ -173,6 +204,7 @@ def token_record(record: dict[str, Any], row: TokenRow, cut: bool) -> dict[str, 
         "has_error": status.startswith("error:"),
         "cut": cut,
         "token_source": row.source,
+        "turn": row.turn,
         "num_tokens": row.length,
         "prompt_ids": row.prompt_ids,
         "response_ids": row.response_ids,
@@ -215,5 +247,6 @@ def _export_summary(run_dir: RunDir, options: ExportOptions, result: ExportResul
         "cut": result.cut,
         "skipped": dict(result.skipped),
         "token_sources": dict(result.sources),
+        "token_rows": options.token_rows if options.fmt == "tokens" else None,
         "files": result.files,
     }

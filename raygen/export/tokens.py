@@ -1,6 +1,8 @@
 """Token rows for RL trainers: ``prompt_ids``, ``response_ids``, ``loss_mask``, ``logprobs`` per trajectory.
 
-Two sources (docs/exports.md, "tokens"):
+One row per trajectory, or with ``--token-rows turn`` one per model call (the whole prompt that call was
+sent, its reply): exact even where a template re-renders history, so that the prompts do not extend each
+other. Two sources (docs/exports.md, "tokens"):
 
 - ``captured``: the ids the server returned (``sampling.return_token_ids``): the first turn's prompt is
   ``prompt_ids``; then each reply's ids (mask 1, or 0 where the record's loss mask says so) and, between
@@ -35,6 +37,8 @@ class TokenRow:
     """``captured`` or ``rendered``."""
     boundaries: list[tuple[int, int]]
     """(message index of a reply, length of ``response_ids`` through it): where a cut may fall."""
+    turn: int | None = None
+    """For a row of one model call (``--token-rows turn``): its 0-based index; None for a trajectory."""
 
     @property
     def length(self) -> int:
@@ -52,26 +56,82 @@ class TokenRow:
             self.prompt_ids, self.response_ids[:n], self.loss_mask[:n], logprobs, self.source, fitting
         )
 
-    @property
-    def cut_messages(self) -> int:
-        """How many messages the row covers (through its last reply)."""
-        return self.boundaries[-1][0] + 1 if self.boundaries else 0
-
 
 def _turns(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [t if isinstance(t, dict) else {} for t in record.get("turns") or []]
 
 
-def captured_row(record: dict[str, Any]) -> TokenRow | None:
-    """The row from the server's ids, or None when the record lacks them anywhere (see module doc)."""
-    turns = _turns(record)
+NO_IDS = "no token ids captured (sampling.return_token_ids)"
+NOT_EXTENDING = "the server's prompts do not extend each other (a template that re-renders history)"
+
+
+def _replies(record: dict[str, Any]) -> list[int]:
     messages = record.get("messages") or []
-    replies = generated_replies(messages, first_generated_index(messages))
-    if not turns or len(replies) != len(turns) or any(t.get("token_ids") is None for t in turns):
+    return generated_replies(messages, first_generated_index(messages))
+
+
+def capture_gap(record: dict[str, Any], whole: bool = True) -> str | None:
+    """Why the record's captured ids cannot make its row (``whole``: one trajectory; else one row per
+    turn), or None when they can."""
+    turns = _turns(record)
+    if not turns or len(_replies(record)) != len(turns) or any(t.get("token_ids") is None for t in turns):
+        return NO_IDS
+    if any(p is None for p in full_prompts(turns)):
+        return NO_IDS
+    if whole and any(t.get("prompt_token_ids_from", 0) == 0 for t in turns[1:]):
+        return NOT_EXTENDING
+    return None
+
+
+def _aligned(logprobs: Any, ids: list[int]) -> list[float] | None:
+    return list(logprobs) if logprobs and len(logprobs) == len(ids) else None
+
+
+def captured_turn_rows(record: dict[str, Any]) -> list[TokenRow] | None:
+    """One row per model call from the server's ids: the whole prompt it was sent, its reply."""
+    if capture_gap(record, whole=False):
         return None
-    prompts = full_prompts(turns)
-    if any(p is None for p in prompts) or any(t.get("prompt_token_ids_from", 0) == 0 for t in turns[1:]):
+    turns, replies, mask = _turns(record), _replies(record), mask_of(record)
+    rows = []
+    for k, (turn, prompt) in enumerate(zip(turns, full_prompts(turns), strict=True)):
+        ids = turn["token_ids"]
+        loss = [mask[replies[k]]] * len(ids)
+        rows.append(
+            TokenRow(
+                prompt,
+                ids,
+                loss,
+                _aligned(turn.get("logprobs"), ids),
+                "captured",
+                [(replies[k], len(ids))],
+                k,
+            )
+        )
+    return rows
+
+
+def rendered_turn_rows(record: dict[str, Any], rendering: Rendering) -> list[TokenRow]:
+    """One row per reply from a rendering: the conversation before it (with the generation prompt), it."""
+    turns, mask, ids = _turns(record), mask_of(record), rendering.ids
+    rows = []
+    for k, index in enumerate(_replies(record)):
+        begin, end = rendering.spans[index]
+        reply = ids[begin:end]
+        captured = turns[k] if k < len(turns) else {}
+        logprobs = _aligned(captured.get("logprobs"), reply) if captured.get("token_ids") == reply else None
+        rows.append(
+            TokenRow(
+                ids[:begin], reply, [mask[index]] * len(reply), logprobs, "rendered", [(index, len(reply))], k
+            )
+        )
+    return rows
+
+
+def captured_row(record: dict[str, Any]) -> TokenRow | None:
+    """The row from the server's ids, or None when they cannot make it (``capture_gap``)."""
+    if capture_gap(record):
         return None
+    turns, replies, prompts = _turns(record), _replies(record), full_prompts(_turns(record))
     mask = mask_of(record)
     response: list[int] = []
     loss: list[int] = []
@@ -99,10 +159,7 @@ def rendered_row(record: dict[str, Any], rendering: Rendering) -> TokenRow:
     response = ids[start:]
     loss = [0] * len(response)
     turns = _turns(record)
-    replies = generated_replies(
-        record.get("messages") or [], first_generated_index(record.get("messages") or [])
-    )
-    captured = {index: turns[k] for k, index in enumerate(replies) if k < len(turns)}
+    captured = {index: turns[k] for k, index in enumerate(_replies(record)) if k < len(turns)}
     logprobs: list[float] | None = [0.0] * len(response)
     boundaries: list[tuple[int, int]] = []
     for index, (begin, end) in sorted(rendering.spans.items()):

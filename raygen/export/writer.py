@@ -32,6 +32,7 @@ TOKENS_SCHEMA = pa.schema(
         pa.field("has_error", pa.bool_()),
         pa.field("cut", pa.bool_()),
         pa.field("token_source", pa.string()),
+        pa.field("turn", pa.int64()),
         pa.field("num_tokens", pa.int64()),
         pa.field("prompt_ids", pa.list_(pa.int32())),
         pa.field("response_ids", pa.list_(pa.int32())),
@@ -42,13 +43,23 @@ TOKENS_SCHEMA = pa.schema(
 """The one schema of every ``tokens`` shard (``datasets`` refuses shards whose schemas differ)."""
 
 
+SHARD_BYTES = 256 << 20
+"""A JSONL shard is closed at this size even before ``rows_per_shard`` rows (memory stays bounded)."""
+SHARD_TOKENS = 16_000_000
+"""A Parquet (``tokens``) shard is closed at this many ids and logprobs (about 0.6 GB as Python lists)."""
+
+
 class ShardWriter:
-    """Rows in, ``train-NNNNN.{jsonl,parquet}`` out, ``rows_per_shard`` rows a file."""
+    """Rows in, ``train-NNNNN.{jsonl,parquet}`` out: ``rows_per_shard`` rows a file, fewer when the rows
+    are large (``SHARD_BYTES``, ``SHARD_TOKENS``)."""
 
     def __init__(self, out: str | os.PathLike, parquet: bool, rows_per_shard: int):
         self.storage, self.root = open_storage(out)
         self.parquet, self.rows_per_shard = parquet, rows_per_shard
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[Any] = []
+        """Parquet: row dicts; JSONL: encoded lines."""
+        self.size = 0
+        """What the buffered rows weigh: bytes (JSONL) or ids and logprobs (Parquet)."""
         self.files: list[str] = []
         self.count = 0
         self._prepare()
@@ -67,9 +78,16 @@ class ShardWriter:
         return self.storage.join(self.root, name) if name else self.root
 
     def add(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
+        if self.parquet:
+            self.rows.append(row)
+            self.size += len(row["prompt_ids"]) + 2 * len(row["response_ids"]) + len(row["logprobs"] or ())
+        else:
+            line = (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+            self.rows.append(line)
+            self.size += len(line)
         self.count += 1
-        if len(self.rows) >= self.rows_per_shard:
+        full = self.size >= (SHARD_TOKENS if self.parquet else SHARD_BYTES)
+        if full or len(self.rows) >= self.rows_per_shard:
             self.flush()
 
     def flush(self) -> None:
@@ -81,10 +99,10 @@ class ShardWriter:
             pq.write_table(pa.Table.from_pylist(self.rows, schema=TOKENS_SCHEMA), buffer)
             body = buffer.getvalue()
         else:
-            body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.rows).encode("utf-8")
+            body = b"".join(self.rows)
         self.storage.put(self.path(name), [body])
         self.files.append(name)
-        self.rows = []
+        self.rows, self.size = [], 0
 
     def write_json(self, name: str, body: Any) -> None:
         self.storage.put(

@@ -48,12 +48,29 @@ def _conversation_chars(messages: list[dict[str, Any]]) -> int:
     return total
 
 
+_TOKEN_BYTES = 32
+"""Most JSON bytes of one captured token id or logprob (a top-logprob alternative: twice that plus its
+text), for the estimate below."""
+
+
+def _token_bytes(record: Trajectory) -> int:
+    total = 0
+    for turn in record.turns:
+        for values in (turn.prompt_token_ids, turn.token_ids, turn.logprobs):
+            total += _TOKEN_BYTES * len(values or ())
+        total += sum(len(t) + 8 for t in turn.tokens or ())
+        for alternatives in turn.top_logprobs or ():
+            total += sum(2 * _TOKEN_BYTES + len(a.token) for a in alternatives)
+    return total
+
+
 def capped_record(record: Trajectory, max_bytes: int) -> Trajectory:
-    """The record, or, if its JSON is larger than ``max_bytes``, the record without its conversation,
-    failed with ``error:record_too_large`` (metadata, usage and timings kept)."""
-    # Cheap estimate first (the conversation is stored twice, escaping at most doubles it): only a record
-    # that might be too large pays for a full serialization.
-    if 4 * _conversation_chars(record.messages) + _RECORD_SLACK < max_bytes:
+    """The record, or, if its JSON is larger than ``max_bytes``, the record without its conversation and
+    captured tokens, failed with ``error:record_too_large`` (metadata, usage and timings kept)."""
+    # Cheap estimate first (the conversation is stored twice, escaping at most doubles it; captured token
+    # ids and logprobs are bounded per value): only a record that might be too large pays for a full
+    # serialization.
+    if 4 * _conversation_chars(record.messages) + _token_bytes(record) + _RECORD_SLACK < max_bytes:
         return record
     size = len(record.model_dump_json().encode("utf-8"))
     if size <= max_bytes:
@@ -68,4 +85,5 @@ def capped_record(record: Trajectory, max_bytes: int) -> Trajectory:
     }
     if getattr(record, "artifacts", None):
         update["artifacts"] = []
-    return record.model_copy(update=update)
+    update["loss_mask"] = []
+    return record.model_copy(update=update).without_token_ids(logprobs=True)

@@ -257,15 +257,14 @@ class Trajectory(BaseModel):
     """A harness's model calls grouped into conversation threads (empty for raygen's own loop); more
     than one when the harness compacted its context or ran sub-agents (docs/agents.md)."""
 
-    def without_token_ids(self) -> Trajectory:
-        """The record with its turns' token ids and token texts dropped (logprobs kept): for a record whose
-        text had a secret redacted, as the ids would still encode it."""
-        turns = [
-            t.model_copy(
-                update={"prompt_token_ids": None, "token_ids": None, "tokens": None, "top_logprobs": None}
-            )
-            for t in self.turns
-        ]
+    def without_token_ids(self, logprobs: bool = False) -> Trajectory:
+        """The record with its turns' token ids and token texts dropped, and with ``logprobs`` its
+        logprobs too: for a record whose text had a secret redacted (the ids would still encode it), and
+        for one too large to keep its conversation."""
+        dropped = dict.fromkeys(("prompt_token_ids", "token_ids", "tokens", "top_logprobs"))
+        if logprobs:
+            dropped["logprobs"] = None
+        turns = [t.model_copy(update=dropped) for t in self.turns]
         return self.model_copy(update={"turns": turns})
 
 

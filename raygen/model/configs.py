@@ -56,6 +56,10 @@ class SimConfig(_Section):
     rate_limit_burst: float | None = None
     """Burst capacity of the rate limit's token bucket (requests); unset: one second's worth of the rate,
     at least 1."""
+    rate_limit_headers: bool = True
+    """Send OpenAI-style ``x-ratelimit-*`` headers with every answer. Off: like many self-hosted gateways
+    and OpenAI-compatible hosts, the limit shows only as a 429 with ``Retry-After`` (and
+    ``retry-after-ms``), which is all the governor needs to learn it."""
     error_rate: float = 0.0
     """Share of requests answered with a 5xx error."""
     hallucinate_rate: float = 0.0
@@ -104,11 +108,14 @@ class ChatAPIModelConfig(_Section):
     model: str = "raygen-sim"
     """Model name sent with each request."""
     timeout_s: float = 600.0
-    """Timeout of one model request, in seconds."""
+    """Timeout of one model request (one HTTP attempt: send, wait, read, parse), in seconds. The wait for
+    the rate governor before it is not part of it."""
     max_retries: int = 8
     """Retries of one request on 429, 5xx, timeouts and connection errors before the session fails."""
     retry_max_wait_s: float = 120.0
-    """Longest wait between two retries (Retry-After from the provider is honoured up to this)."""
+    """Longest wait between two retries (Retry-After from the provider is honoured up to this). Also the
+    longest the rate governor pauses the cluster (``governor.max_pause_s`` is capped at it): one answer
+    never holds anyone else longer than its own request may wait."""
     max_connections: int | None = Field(None, ge=1)
     """Most HTTP connections to the endpoint per session actor; a request beyond them waits for a free one.
     Unset: ``ray.sessions_per_worker`` (a session has at most one model request in flight)."""

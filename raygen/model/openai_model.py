@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -45,6 +47,7 @@ class _Transient(Exception):
 
 
 def _retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """The provider's ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date), in seconds."""
     if headers is None:
         return None
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
@@ -53,7 +56,10 @@ def _retry_after(headers: Mapping[str, str] | None) -> float | None:
             try:
                 return max(0.0, float(value) * scale)
             except ValueError:
-                continue  # an HTTP-date Retry-After: fall back to our own backoff
+                try:  # an HTTP date
+                    return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+                except (TypeError, ValueError):
+                    continue  # unreadable: our own backoff
     return None
 
 
@@ -248,27 +254,32 @@ class OpenAIChatModel(ChatModel):
             completion_tokens=completion_tokens,
             headers=dict(raw.headers),
         )
-        if not response.choices:
-            raise _Transient("provider_unavailable", "response had no choices")
-        choice = response.choices[0]
-        extra = {}
-        if getattr(response, "provider", None):  # OpenRouter names the upstream provider
-            extra["provider"] = response.provider
-        cached_tokens, reasoning_tokens, cost_usd = usage_details(usage)
-        return Completion(
-            message=choice.message.model_dump(exclude_none=True),
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            finish_reason=choice.finish_reason,
-            cached_tokens=cached_tokens,
-            reasoning_tokens=reasoning_tokens,
-            cost_usd=cost_usd,
-            extra=extra,
-            tokens=capture(response),
-        )
+        return _completion(response, prompt_tokens, completion_tokens)
 
     async def aclose(self) -> None:
         await self.client.close()
+
+
+def _completion(response: Any, prompt_tokens: int, completion_tokens: int) -> Completion:
+    """The ``Completion`` of a parsed chat completion that passed the gate."""
+    if not response.choices:
+        raise _Transient("provider_unavailable", "response had no choices")
+    choice = response.choices[0]
+    extra = {}
+    if getattr(response, "provider", None):  # OpenRouter names the upstream provider
+        extra["provider"] = response.provider
+    cached_tokens, reasoning_tokens, cost_usd = usage_details(response.usage)
+    return Completion(
+        message=choice.message.model_dump(exclude_none=True),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        finish_reason=choice.finish_reason,
+        cached_tokens=cached_tokens,
+        reasoning_tokens=reasoning_tokens,
+        cost_usd=cost_usd,
+        extra=extra,
+        tokens=capture(response),
+    )
 
 
 def usage_details(usage: Any) -> tuple[int, int, float | None]:

@@ -1,6 +1,7 @@
-"""The simulator's exploration of offered tools beyond the built-in ones (MCP servers' tools, plugins).
+"""The simulator's exploration of offered MCP tools (named ``<server>__<tool>``, as raygen offers them,
+or ``mcp__<server>__<tool>`` as Claude Code does).
 
-After its probe script, the scripted agent calls every offered tool it does not know, once, in one
+After its probe script, the scripted agent calls every offered MCP tool it has not called, once, in one
 turn, with arguments made from the tool's JSON schema: each required property gets its default, its
 first enum value, or a plausible value for its type and name (a timezone for ``*timezone``, ``.`` for a
 path or repository, ``12:00`` for a time). So a run with MCP servers and no network model still calls
@@ -59,9 +60,13 @@ def example_arguments(schema: Any) -> dict[str, Any]:
     return {name: example_value(name, properties.get(name)) for name in schema.get("required") or ()}
 
 
+# Only in a folder that is no git work tree yet: a session that runs where a repository already is (a
+# harness started in a checkout, a misconfigured workdir) must never write or commit into it. (Once it did:
+# a test's session ran in this project's checkout and committed "# sim" over its README.)
 GIT_SETUP = (
-    "git init -q . && git config user.email sim@raygen.invalid && git config user.name sim"
-    " && echo '# sim' > README.md && git add README.md && git commit -q -m init && echo more >> README.md; "
+    "if ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then git init -q . && "
+    "git config user.email sim@raygen.invalid && git config user.name sim && echo '# sim' > README.md && "
+    "git add README.md && git commit -q -m init && echo more >> README.md; fi; "
 )
 
 
@@ -74,13 +79,15 @@ def setup_prefix(tools: list[dict[str, Any]]) -> str:
 
 
 def exploration_calls(tools: list[dict[str, Any]], called: set[str]) -> list[tuple[str, dict[str, Any]]]:
-    """One call of each offered tool that is neither built in nor called already, in offer order."""
+    """One call of each offered MCP tool not called already, in offer order. A harness's own tools (Claude
+    Code's ``Task``, Hermes's browser) are left alone: called with made-up arguments they start
+    sub-agents or minutes-long work, which no script of the simulator asks for."""
     calls = []
     for tool in tools:
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(fn, dict):
             continue
         name = fn.get("name")
-        if name and name not in BUILTIN_TOOLS and name not in called:
+        if name and "__" in name and name not in BUILTIN_TOOLS and name not in called:
             calls.append((name, example_arguments(fn.get("parameters"))))
     return calls

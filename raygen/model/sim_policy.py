@@ -33,9 +33,9 @@ more assistant turns, so any conversation that already has this many gets the fi
 termination)."""
 
 _HALLUCINATED_NAMES = ("web_search", "browse_web", "search_internet")
-SHELL_TOOLS = ("terminal", "bash", "Bash")
-"""Names of a shell tool (each takes ``command``): raygen's and Hermes Agent's ``terminal``, mini-swe-agent's
-``bash``, Claude Code's ``Bash``."""
+SHELL_TOOLS = {"terminal": "command", "bash": "command", "Bash": "command", "exec_command": "cmd"}
+"""Shell tools and the argument holding the command: raygen's and Hermes Agent's ``terminal``,
+mini-swe-agent's ``bash``, Claude Code's ``Bash``, Codex's ``exec_command``."""
 SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 """mini-swe-agent ends a task when a command prints this; a harness whose prompt asks for it gets it as
 the final answer's tool call (a reply without a tool call would be a format error there)."""
@@ -245,7 +245,7 @@ def _calls_for(
         calls = []
         if shell := shell_tool(offered):
             probe = f"printf 'raygen-%s-%d\\n' {plan.nonce} $((6*7))"
-            calls.append((shell, {"command": setup_prefix(tools) + probe}))
+            calls.append((shell, {SHELL_TOOLS[shell]: setup_prefix(tools) + probe}))
         if "write_file" in _probe_tools(offered):
             calls.append(("write_file", {"path": plan.check_path, "content": plan.file_token}))
         return calls
@@ -323,7 +323,7 @@ def respond(request: dict[str, Any], cfg: SimConfig) -> PolicyReply:
         visible, reasoning = _final_text(verify, offered)
         shell = shell_tool(offered)
         if shell and any(SUBMIT_COMMAND in message_text(m.get("content")) for m in messages[:2]):
-            calls = [(shell, {"command": SUBMIT_COMMAND})]
+            calls = [(shell, {SHELL_TOOLS[shell]: SUBMIT_COMMAND})]
     else:
         visible, reasoning = None, _REASONING[action]
     coding = coding_step(prompt, offered, [name for name, _, _ in history.calls], cfg, request.get("seed"))

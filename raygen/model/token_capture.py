@@ -49,14 +49,21 @@ def capture(response: Any) -> TokenCapture:
         prompt_token_ids=_int_list(_extra(response).get("prompt_token_ids")),
         token_ids=_int_list(_extra(choice).get("token_ids")),
     )
-    entries = _logprob_entries(choice)
-    if entries:
-        found.logprobs = [float(e.logprob) for e in entries]
-        if found.token_ids is None:  # without ids, the token texts are what aligns logprobs with text
-            found.tokens = [str(e.token) for e in entries]
-        if any(getattr(e, "top_logprobs", None) for e in entries):
-            found.top_logprobs = [
-                [{"token": str(t.token), "logprob": float(t.logprob)} for t in e.top_logprobs or ()]
-                for e in entries
-            ]
+    try:
+        _add_logprobs(found, _logprob_entries(choice))
+    except (TypeError, ValueError, AttributeError):  # a malformed logprobs object: kept without them
+        found.logprobs = found.tokens = found.top_logprobs = None
     return found
+
+
+def _add_logprobs(found: TokenCapture, entries: list[Any]) -> None:
+    if not entries:
+        return
+    found.logprobs = [float(e.logprob) for e in entries]
+    if found.token_ids is None:  # without ids, the token texts are what aligns logprobs with text
+        found.tokens = [str(e.token) for e in entries]
+    if any(getattr(e, "top_logprobs", None) for e in entries):
+        found.top_logprobs = [
+            [{"token": str(t.token), "logprob": float(t.logprob)} for t in e.top_logprobs or ()]
+            for e in entries
+        ]

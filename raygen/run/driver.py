@@ -149,15 +149,16 @@ def _run(
         _reopen_failures(config, ledger, resume, reporter)
     plan = plan_samples(config, dataset, generation, ledger, held)
     expected, pending = plan.expected, plan.pending
+    reporter.note(
+        f"run {run_name}: {len(expected)} samples, {len(expected) - pending} already done, {pending} to run"
+    )
     chosen = None  # --pilot N: the pending samples it runs, spread over the categories
     if pilot is not None:
         chosen = pilot_keys(((s.sample_key, s.row.category) for s in plan.pending_samples()), pilot)
         pending = len(chosen)
+        reporter.note(f"pilot: running {pending} of them")
     result = RunResult(run_dir=run_dir, report=report, pending=pending, dry_run=dry_run, hygiene=hygiene)
     _check_isolation(config, plan.isolation_rows, allow_unsafe_local)
-    reporter.note(
-        f"run {run_name}: {len(expected)} samples, {len(expected) - pending} already done, {pending} to run"
-    )
     if dry_run:
         todo = plan.pending_samples(only=chosen)
         for line in forecast(todo, config, generation.registry, pricing).lines(pricing, config):
@@ -345,10 +346,8 @@ def _run_passes(
     live = sink.live_statistics()
     if (governor := services.monitor.report()) is not None:
         live["governor"] = governor
-    if services.budget is not None:
-        from raygen.distributed.budget import budget_snapshot
-
-        live["budget"] = budget_snapshot(services.budget)
+    if (budget := services.budget_report()) is not None:
+        live["budget"] = budget
     return sink.sessions, live
 
 

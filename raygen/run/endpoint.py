@@ -27,7 +27,7 @@ def model_endpoint(config: RunConfig, announce: Callable[[str], None]) -> Iterat
     if config.model.type != "sim":
         yield getattr(config.model, "base_url", None)
         return
-    from raygen.sim.server import start_subprocess
+    from raygen.sim.launch import start_subprocess
 
     sim = start_subprocess(config.sim)
     try:

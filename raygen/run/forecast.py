@@ -129,6 +129,6 @@ def pilot_lines(per_session: dict[str, dict[str, float]], remaining: int, slots:
         f"pilot: {n} sessions, ${mean:.6f} per session (95% interval ${low:.6f}-${high:.6f}), "
         f"{duration['mean']:.1f} s per session",
         f"projection for the {remaining} samples left: ${mean * remaining:.4f} "
-        f"(${low * remaining:.4f}-${high * remaining:.4f}), about {wall:.0f} s at {slots} sessions at once; "
+        f"(${low * remaining:.4f}-${high * remaining:.4f}), about {wall:,.1f} s at {slots} sessions at once; "
         "the pilot's sessions count: --resume runs the rest",
     ]

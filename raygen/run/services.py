@@ -39,6 +39,14 @@ class RunServices:
     def config(self) -> RunConfig:
         return self.plan.config
 
+    def budget_report(self) -> dict[str, Any] | None:
+        """The budget actor's spend, caps and overshoot figures (None without a budget)."""
+        if self.budget is None:
+            return None
+        from raygen.distributed.budget import budget_snapshot
+
+        return budget_snapshot(self.budget)
+
 
 @contextmanager
 def run_services(
@@ -52,6 +60,7 @@ def run_services(
     from raygen.distributed.cluster import RAY_DATA_ACTOR_NOTE, ensure_ray, shutdown_ray
     from raygen.distributed.governor import get_or_create_governor
     from raygen.distributed.monitor import GovernorMonitor
+    from raygen.distributed.sandbox_governor import get_or_create_sandbox_governor
 
     with ExitStack() as stack:
         reap(config, reporter)  # containers a killed earlier attempt of this run left behind
@@ -62,9 +71,14 @@ def run_services(
                 stack.callback(shutdown_ray)
         reporter.note(RAY_DATA_ACTOR_NOTE)
         # Created by the driver so it lives exactly as long as the run (named: workers find it).
+        governor = config.governor.bounded(getattr(config.model, "retry_max_wait_s", None))
         monitor = GovernorMonitor(
-            get_or_create_governor(config.governor, base_url, config.model.model, secrets.api_key)
+            get_or_create_governor(governor, base_url, config.model.model, secrets.api_key)
         )
+        # Likewise the sandbox governor, when the backend's fleet has limits (docker, modal, singularity).
+        fleet = getattr(config.env, "fleet", None)
+        if fleet is not None:
+            get_or_create_sandbox_governor(fleet)
         plan = WorkerPlan(
             config=config,
             run_name=str(config.output.run_name),

@@ -20,6 +20,7 @@ from typing import Any
 from raygen.agents import create_harness
 from raygen.config import SessionConfig
 from raygen.envs import EnvSpec, create_environment, environment_class
+from raygen.envs.fleet import OpenSandboxGate, SandboxGate, SandboxRefused
 from raygen.errors import SessionFailure
 from raygen.formats.limits import cut_reply, reply_chars
 from raygen.formats.prompting import request_messages
@@ -42,15 +43,16 @@ from raygen.formats.text import cap_text
 from raygen.input.rows import Sample
 from raygen.input.verify_spec import VerifySpec
 from raygen.model.base import SAMPLE_INDEX, ChatModel
+from raygen.model.gate_hold import session_deadline
 from raygen.model.pricing import CostPolicy, ModelPricing, SessionSpend
 from raygen.safety import label_tool_call
 from raygen.session.capture import TurnCapture
+from raygen.session.grading import verify_session
 from raygen.session.harness import run_harness
 from raygen.session.offer import OFFERS_KEPT, Offer
 from raygen.session.record import build_record
 from raygen.tools.base import ToolContext, ToolResult
 from raygen.tools.mcp_session import McpSettings
-from raygen.verify.grader import VerifyError, collect_artifacts, grade
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,8 @@ class SessionRunner:
         mcp: McpSettings | None = None,
         cost: CostPolicy | None = None,
         agent: Any = None,  # an AgentConfig (raygen.agents.configs); None: raygen's own loop
+        sandbox_gate: SandboxGate | None = None,
+        sandbox_key: str = "",
     ):
         self.model = model
         self.mcp = mcp or McpSettings()
@@ -82,6 +86,12 @@ class SessionRunner:
         self.cost = cost or CostPolicy(ModelPricing.resolve(model.name))
         self.harness = create_harness(agent)
         """The harness run as each session (``agent:`` config); None: raygen's own loop."""
+        self.sandbox_gate: SandboxGate = sandbox_gate or OpenSandboxGate()
+        """Asked before each sandbox is created (the cluster-wide sandbox governor, raygen.envs.fleet)."""
+        self.sandbox_key = sandbox_key or str(getattr(env_config, "type", ""))
+        # A governed fleet is waited for before the first model call, so a slow fleet never leaves a
+        # paid conversation waiting for its sandbox; an open one starts at the first tool call.
+        self.sandbox_first = not isinstance(self.sandbox_gate, OpenSandboxGate)
         self.on_sandbox = on_sandbox
         """Told +1 when a session's environment starts and -1 when it closes (metrics)."""
         self.verify_default = verify_default
@@ -117,7 +127,7 @@ class SessionRunner:
         # A sample of a group asks the model for its own seed (raygen.model.base.request_seed).
         index = SAMPLE_INDEX.set(sample.sample_index if sample.group_id is not None else None)
         try:
-            async with asyncio.timeout(self.cfg.session_timeout_s):
+            async with session_deadline(self.cfg.session_timeout_s):
                 await state.run()
         except SessionFailure as failure:
             state.fail(failure.exit_status, str(failure))
@@ -189,6 +199,8 @@ class _SessionState:
                 mcp=self.mcp,
             )
             self._stack = stack
+            if self.runner.sandbox_first and self.offered and self.runner.harness is None:
+                await self._ensure_env(ctx)
             if self.mcp is not None:
                 stack.push_async_callback(self.mcp.close)  # again after the environment: closed before it
                 await self._start_row_servers(ctx)
@@ -196,7 +208,7 @@ class _SessionState:
                 await run_harness(self, ctx)
             else:
                 await self._loop(ctx)
-            await self._verify(ctx)
+            await verify_session(self, ctx)
             t = time.monotonic()
         if ctx.env is not None:
             self.env_s += time.monotonic() - t
@@ -216,9 +228,24 @@ class _SessionState:
         if ctx.env is not None:
             return
         t = time.monotonic()
-        ctx.env = await self._stack.enter_async_context(
-            create_environment(self.runner.env_config, self._env_spec())
-        )
+        gate = self.runner.sandbox_gate
+        permit = await gate.acquire(self.runner.sandbox_key)
+        made = False
+
+        def gone() -> None:  # runs after the environment's own close (the stack unwinds in reverse)
+            if made:
+                gate.closed(permit)
+
+        self._stack.callback(gone)
+        try:
+            ctx.env = await self._stack.enter_async_context(
+                create_environment(self.runner.env_config, self._env_spec())
+            )
+        except BaseException as exc:
+            gate.started(permit, ok=False, refused=isinstance(exc, SandboxRefused))
+            raise
+        made = True
+        gate.started(permit, ok=True)
         if self.runner.on_sandbox is not None:
             self.runner.on_sandbox(+1)
             self._stack.callback(self.runner.on_sandbox, -1)
@@ -239,52 +266,6 @@ class _SessionState:
         self.offer = Offer.of(kept + added)
         self.tools, self.offered, self.schemas = self.offer.tools, self.offer.offered, self.offer.schemas
         self.tool_stats.update({tool.name: ToolStat() for tool in added})
-
-    async def _verify(self, ctx: ToolContext) -> None:
-        """Grade what the agent left behind with the row's check, if it has one (after the last turn,
-        while the agent's environment still exists: ``same`` mode runs in it, ``fresh`` copies from it)."""
-        spec = self.sample.row.verify or self.runner.verify_default
-        if spec is None:
-            return
-        self.artifacts, missing = await collect_artifacts(ctx.env, spec)
-        agent_env = ctx.env
-        if spec.resolved_mode == "fresh" and agent_env is not None:
-            # Its artifacts are read: the agent's sandbox goes before the grading one starts, so a
-            # session never holds two (stack.aclose is idempotent; the ``async with`` finds it empty).
-            await self._stack.aclose()
-            agent_env = None
-        for attempt in range(spec.retries + 1):
-            try:
-                graded = await grade(
-                    spec,
-                    agent_env=agent_env,
-                    open_fresh=self._grading_env,
-                    artifacts=self.artifacts,
-                    missing=missing,
-                    messages=self.messages,
-                    model=self.runner.model,
-                )
-                break
-            except VerifyError as exc:
-                if attempt < spec.retries:
-                    continue
-                self.verification = exc.verification
-                self.verification.session_status = self.exit_status
-                raise SessionFailure("verify_error", f"{exc} ({attempt + 1} run(s) of the check)") from None
-        self.reward, self.verification = graded.reward, graded.verification
-        self.verification.session_status = self.exit_status
-
-    @contextlib.asynccontextmanager
-    async def _grading_env(self):
-        """A fresh environment for the check, counted as a sandbox like the session's own."""
-        async with create_environment(self.runner.env_config, self._env_spec("-verify")) as env:
-            if self.runner.on_sandbox is not None:
-                self.runner.on_sandbox(+1)
-            try:
-                yield env
-            finally:
-                if self.runner.on_sandbox is not None:
-                    self.runner.on_sandbox(-1)
 
     async def _check_image(self) -> None:
         """Fail before any model call if the row's image cannot be had (checked once per image per

@@ -1,6 +1,6 @@
 """``python -m raygen.sim --config-json '{...}'``: serve the simulator until SIGTERM or SIGINT.
 
-The first stdout line is ``RAYGEN_SIM_URL=<base url>`` (read by ``raygen.sim.server.start_subprocess``);
+The first stdout line is ``RAYGEN_SIM_URL=<base url>`` (read by ``raygen.sim.launch.start_subprocess``);
 nothing else is written to stdout.
 """
 

@@ -7,8 +7,9 @@ hard request and token rate limits counted as a token bucket or fixed or sliding
 reasoning choices (in ``raygen.model.sim_policy``). Model names starting with ``nonexistent`` get 404; a reply
 longer than the request's ``max_tokens`` is cut (``finish_reason: length``).
 
-Three ways to run it: ``async with SimServer(cfg)`` on the current loop, ``start_in_thread`` (own
-thread and loop) and ``start_subprocess`` (own process, so it does not share the caller's GIL).
+Three ways to run it: ``async with SimServer(cfg)`` on the current loop, and (``raygen.sim.launch``)
+``start_in_thread`` (own thread and loop) and ``start_subprocess`` (own process, so it does not share the
+caller's GIL).
 """
 
 from __future__ import annotations
@@ -22,9 +23,6 @@ import os
 import random
 import secrets
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +33,7 @@ from aiohttp import web
 from raygen.formats.chat_template import load_tokenizer
 from raygen.model.configs import SimConfig
 from raygen.model.sim_policy import (
+    PolicyReply,
     count_assistant_turns,
     first_user_text,
     is_nonexistent_model,
@@ -238,22 +237,9 @@ class SimServer:
             return _error(400, "body must be a JSON object with messages", "invalid_request_error", None, {})
 
         # The rate limit is checked on arrival, like a provider's gateway, before any simulated work.
-        headers: dict[str, str] = {}
-        reply = None
-        if self._limits is not None:
-            tokens = 0.0
-            if self._limits.counts_tokens:  # charged on arrival: prompt + the completion it will get
-                reply = respond(body, self.cfg)
-                tokens = reply.prompt_tokens + reply.completion_tokens
-            wait_s = self._limits.try_admit(tokens)
-            headers = self._limits.headers()
-            if wait_s > 0:
-                headers["Retry-After"] = str(max(1, math.ceil(wait_s)))
-                headers["retry-after-ms"] = str(math.ceil(wait_s * 1000))
-                self._record(429, body, None, [])
-                return _error(
-                    429, "Rate limit reached (simulated)", "requests", "rate_limit_exceeded", headers
-                )
+        headers, reply, refused = self._admit(body)
+        if refused is not None:
+            return refused
         self.stats.accepted()
 
         model = str(body.get("model") or "")
@@ -262,6 +248,43 @@ class SimServer:
             msg = f"The model `{model}` does not exist"
             return _error(404, msg, "invalid_request_error", "model_not_found", headers)
 
+        failed = await self._simulated_work(body, headers)
+        if failed is not None:
+            return failed
+
+        reply = reply or respond(body, self.cfg)
+        self.stats.prompt_tokens += reply.prompt_tokens
+        self.stats.completion_tokens += reply.completion_tokens
+        calls = [tc["function"]["name"] for tc in reply.message.get("tool_calls", ())]
+        self._record(200, body, reply.decision, calls, reply.prompt_tokens + reply.completion_tokens)
+        payload = self._payload(body, reply, model)
+        if body.get("stream"):
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return await stream_reply(request, payload, usage, headers, self.cfg.stream_chunk_delay_s)
+        return web.json_response(payload, headers=headers)
+
+    def _admit(self, body: dict[str, Any]) -> tuple[dict[str, str], PolicyReply | None, web.Response | None]:
+        """(rate-limit headers, the reply if computed to charge its tokens, a 429 response if refused)."""
+        headers: dict[str, str] = {}
+        reply = None
+        if self._limits is None:
+            return headers, reply, None
+        tokens = 0.0
+        if self._limits.counts_tokens:  # charged on arrival: prompt + the completion it will get
+            reply = respond(body, self.cfg)
+            tokens = reply.prompt_tokens + reply.completion_tokens
+        wait_s = self._limits.try_admit(tokens)
+        headers = self._limits.headers() if self.cfg.rate_limit_headers else {}
+        if wait_s <= 0:
+            return headers, reply, None
+        headers["Retry-After"] = str(max(1, math.ceil(wait_s)))
+        headers["retry-after-ms"] = str(math.ceil(wait_s * 1000))
+        self._record(429, body, {"retry_after_s": round(wait_s, 3)}, [])
+        refused = _error(429, "Rate limit reached (simulated)", "requests", "rate_limit_exceeded", headers)
+        return headers, reply, refused
+
+    async def _simulated_work(self, body: dict[str, Any], headers: dict[str, str]) -> web.Response | None:
+        """The latency (with jitter, slow prompts) and the share of 5xx answers; the 5xx response, if one."""
         fail_status = None
         if self.cfg.error_rate > 0 and self._rng.random() < self.cfg.error_rate:
             fail_status = self._rng.choice((500, 503))
@@ -281,12 +304,10 @@ class SimServer:
         if fail_status is not None:
             self._record(fail_status, body, None, [])
             return _error(fail_status, "Simulated server error", "server_error", None, headers)
+        return None
 
-        reply = reply or respond(body, self.cfg)
-        self.stats.prompt_tokens += reply.prompt_tokens
-        self.stats.completion_tokens += reply.completion_tokens
-        calls = [tc["function"]["name"] for tc in reply.message.get("tool_calls", ())]
-        self._record(200, body, reply.decision, calls, reply.prompt_tokens + reply.completion_tokens)
+    def _payload(self, body: dict[str, Any], reply: PolicyReply, model: str) -> dict[str, Any]:
+        """The chat completion's JSON body for ``reply``."""
         payload = {
             "id": f"chatcmpl-{secrets.token_hex(12)}",
             "object": "chat.completion",
@@ -308,10 +329,7 @@ class SimServer:
         add_token_fields(payload, body, self.cfg.tokenizer)  # ids and logprobs, when asked
         if self.cfg.provider_name:
             payload["provider"] = self.cfg.provider_name
-        if body.get("stream"):
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await stream_reply(request, payload, usage, headers, self.cfg.stream_chunk_delay_s)
-        return web.json_response(payload, headers=headers)
+        return payload
 
 
 async def serve_forever(
@@ -345,109 +363,3 @@ async def serve_forever(
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
-
-
-class SimHandle:
-    """A simulator running on its own thread and event loop."""
-
-    def __init__(
-        self, url: str, loop: asyncio.AbstractEventLoop, stop: asyncio.Event, thread: threading.Thread
-    ):
-        self.url = url
-        self._loop, self._stop, self._thread = loop, stop, thread
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the server, flush its log and join the thread (idempotent)."""
-        if self._thread.is_alive():
-            with contextlib.suppress(RuntimeError):  # loop already closed
-                self._loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join(timeout_s)
-
-    def __enter__(self) -> SimHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def start_in_thread(cfg: SimConfig, startup_timeout_s: float = 30.0) -> SimHandle:
-    """Start the simulator on a new daemon thread with its own loop; returns once it accepts requests."""
-    started = threading.Event()
-    box: dict[str, Any] = {}
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        try:
-            async with SimServer(cfg) as server:
-                box.update(url=server.url, loop=asyncio.get_running_loop(), stop=stop)
-                started.set()
-                await stop.wait()
-        except Exception as exc:  # reported to the caller below, not as a thread traceback
-            box["error"] = exc
-        finally:
-            started.set()
-
-    thread = threading.Thread(target=lambda: asyncio.run(main()), name="raygen-sim", daemon=True)
-    thread.start()
-    if not started.wait(startup_timeout_s) or "url" not in box:
-        raise RuntimeError(f"simulator did not start: {box.get('error')!r}")
-    return SimHandle(box["url"], box["loop"], box["stop"], thread)
-
-
-class SimProcess:
-    """A simulator running as ``python -m raygen.sim`` in a child process."""
-
-    def __init__(self, proc: subprocess.Popen, url: str):
-        self.proc, self.url = proc, url
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM (the child flushes its log), wait, and SIGKILL if it does not exit in time."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-
-    def __enter__(self) -> SimProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def start_subprocess(cfg: SimConfig, startup_timeout_s: float = 30.0) -> SimProcess:
-    """Start the simulator in a child process and return once it printed its URL."""
-    env = dict(os.environ)
-    # The child must import this very raygen, installed or not (e.g. run from a source checkout).
-    source_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "raygen.sim", "--config-json", cfg.model_dump_json()]
-    cmd += ["--parent-pid", str(os.getpid())]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env, text=True)
-    try:
-        line = _read_line(proc, startup_timeout_s)
-        if not line.startswith(URL_LINE_PREFIX):
-            raise RuntimeError(f"simulator did not start (exit code {proc.poll()}, first line {line!r})")
-    except BaseException:
-        SimProcess(proc, "").stop()
-        raise
-    return SimProcess(proc, line[len(URL_LINE_PREFIX) :].strip())
-
-
-def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
-    """First stdout line of ``proc`` within ``timeout_s`` (a reader thread: pipe reads cannot time out)."""
-    box: list[str] = []
-    reader = threading.Thread(target=lambda: box.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    if not box:
-        raise RuntimeError(f"simulator printed no URL within {timeout_s}s")
-    return box[0]

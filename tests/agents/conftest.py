@@ -11,6 +11,7 @@ AGENTS = Path(os.environ.get("RAYGEN_AGENTS_DIR", "/tmp/raygen-ci/agents"))
 HERMES = AGENTS / "hermes" / "bin" / "hermes"
 MINI = AGENTS / "mini-swe-agent" / "bin" / "mini"
 CLAUDE = AGENTS / "npm" / "node_modules" / ".bin" / "claude"
+CODEX = AGENTS / "npm" / "node_modules" / ".bin" / "codex"
 
 
 def need(executable: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raygen.config import HARNESS_BACKENDS, CommandAgentConfig, HermesAgentConfig, MiniSweAgentConfig
+from raygen.config import CommandAgentConfig, HermesAgentConfig, MiniSweAgentConfig
 from raygen.configfile import load_config
 from raygen.envs import environment_class
 from raygen.errors import ConfigError
@@ -42,7 +42,10 @@ def test_harnesses_run_only_where_the_proxy_can_be_bound_in(backend):
 def test_the_harness_backends_are_those_that_bind_host_folders():
     binding = {name for name in ("local", "fake", "docker", "modal", "singularity")
                if environment_class(name).supports_binds}  # fmt: skip
-    assert binding == set(HARNESS_BACKENDS)
+    assert binding == {"local", "docker"}  # as docs/agents.md and docs/backends.md say
+    for backend in binding:
+        assert load_config([f"env.type={backend}", "agent.command=echo hi"]).agent.type == "command"
+    assert load_config(["env.type=docker", "agent.type=hermes"]).agent.type == "hermes"
 
 
 def test_the_agent_is_part_of_the_generation_fingerprint():

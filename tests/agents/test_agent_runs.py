@@ -16,7 +16,7 @@ from cli_runs import read_jsonl, write_dataset
 from conftest import AGENTS, HERMES, MINI, need
 
 from raygen.config import SimConfig
-from raygen.sim.server import start_subprocess
+from raygen.sim.launch import start_subprocess
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -177,3 +177,21 @@ def test_the_forwarder_runs_on_the_oldest_supported_python_syntax():
     source = (Path(__file__).resolve().parents[2] / "raygen" / "agents" / "forward.py").read_text()
     ast.parse(source, feature_version=(3, 8))  # it runs on whatever python3 the sandbox has
     assert "from raygen" not in source and sys.version_info >= (3, 8)
+
+
+@pytest.mark.parametrize("mode", ["same", "fresh"])
+async def test_the_hidden_check_grades_what_the_harness_left_behind(mode):
+    check = {"command": "grep -q raygen-file- raygen_check_*.txt", "mode": mode}
+    if mode == "fresh":  # a fresh environment sees only the declared artifacts
+        check = {"command": "grep -q raygen-file- out.txt", "mode": mode, "artifacts": ["out.txt"]}
+    row = Sample(
+        row=PromptRow(prompt="Check the environment.", verify=check),
+        sample_key="v" * 24,
+        prompt_index=0,
+        line=1,
+        toolsets=["terminal"],
+    )
+    command = harness() + " && cp raygen_check_*.txt out.txt" if mode == "fresh" else harness()
+    record = await run(runner(command), row)
+    assert record["exit_status"] == "completed" and record["reward"] == 1.0, record["verification"]
+    assert record["verification"]["mode"] == mode and record["verification"]["passed"]

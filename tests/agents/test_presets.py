@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import AGENTS, CLAUDE, HERMES, MINI, need
+from conftest import AGENTS, CLAUDE, CODEX, HERMES, MINI, need
 
 from raygen.agents.presets import harness_command, harness_env
 from raygen.config import (
     ClaudeCodeAgentConfig,
+    CodexAgentConfig,
     HermesAgentConfig,
     LocalEnvConfig,
     MiniSweAgentConfig,
@@ -113,3 +114,24 @@ async def test_claude_code_session_through_the_messages_endpoint(bwrap):
     final = record["messages"][-1]["content"]
     assert "RAYGEN-VERIFY terminal=ok" in final  # its Bash tool ran the probe in a real shell
     assert final in record["agent"]["stdout_tail"]  # and it printed the answer it got
+
+
+def test_codex_gets_a_provider_on_the_responses_endpoint():
+    command = harness_command(CodexAgentConfig(executable="/opt/x/codex"))
+    assert 'base_url = "$OPENAI_BASE_URL"' in command and 'wire_api = "responses"' in command
+    assert 'env_key = "OPENAI_API_KEY"' in command and 'model = "$RAYGEN_MODEL"' in command
+    assert command.endswith(
+        "exec /opt/x/codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox {prompt}"
+    )
+
+
+@pytest.mark.parametrize("bwrap", [False, True])
+async def test_codex_session_through_the_responses_endpoint(bwrap):
+    need(CODEX)
+    bwrap_or_skip(bwrap)
+    record = await run(CodexAgentConfig(executable=str(CODEX)), bwrap)
+    assert record["exit_status"] == "completed", (record["error"], record["agent"])
+    assert "exec_command" in record["tools_offered"]  # Codex's own shell tool
+    assert record["tool_stats"]["exec_command"] == {"count": 1, "success": 1, "failure": 0}
+    assert "raygen-" in record["messages"][-2]["content"]  # the probe's output came from a real shell
+    assert "RAYGEN-VERIFY terminal=ok" in record["messages"][-1]["content"]

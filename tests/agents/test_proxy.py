@@ -197,3 +197,64 @@ async def test_bad_bodies_are_told_apart_from_model_failures(proxy):
     writer.close()
     assert answer.startswith("HTTP/1.1 400") and "messages must be a list" in answer
     assert seat.calls == [] and seat.failure is None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_openai_responses_are_translated_both_ways(proxy, stream):
+    seat = proxy.open_seat(scripted(), max_calls=5)
+    client = openai_client(proxy, seat.token)
+    tools = [{"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {}}}]
+    request = {
+        "model": "gpt-anything",
+        "instructions": "Be brief.",
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Check it."}]}
+        ],
+        "tools": [*tools, {"type": "web_search"}],  # a provider-side tool: not forwarded
+    }
+    if stream:
+        events = [event async for event in await client.responses.create(**request, stream=True)]
+        assert events[0].type == "response.created" and events[-1].type == "response.completed"
+        response = events[-1].response
+    else:
+        response = await client.responses.create(**request)
+    kinds = [item.type for item in response.output]
+    assert kinds == ["reasoning", "function_call"] and response.usage.output_tokens > 0
+    call = response.output[1]
+    assert call.name == "exec_command" and "printf" in json.loads(call.arguments)["cmd"]
+    # The second turn: the call and its output go back as items, and become a tool call and its result.
+    request["input"] += [
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "raygen-x-42"},
+    ]
+    final = await client.responses.create(**request)
+    assert final.output[-1].type == "message" and "RAYGEN-VERIFY" in final.output_text
+    first, second = seat.calls
+    assert first.api == "responses" and first.stream is stream
+    assert first.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Check it."},
+    ]
+    assert [t["function"]["name"] for t in first.tools] == ["exec_command"]
+    assert [m["role"] for m in second.messages] == ["system", "user", "assistant", "tool"]
+    assert second.messages[2]["tool_calls"][0]["id"] == call.call_id
+    assert second.messages[3] == {"role": "tool", "tool_call_id": call.call_id, "content": "raygen-x-42"}
+    await client.close()
+
+
+async def test_a_new_proxy_removes_the_folders_of_proxies_whose_process_died(tmp_path, monkeypatch):
+    import subprocess
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead_pid = subprocess.Popen(["true"])  # a finished process: its pid names no live process
+    dead_pid.wait()
+    orphan = tmp_path / f"raygen-agent-proxy-{dead_pid.pid}-abcd"
+    orphan.mkdir()
+    (orphan / "proxy.sock").write_text("")
+    ours = ModelProxy()
+    assert not orphan.exists() and ours.directory.parent == tmp_path
+    again = ModelProxy()  # a live process's folder stays
+    assert ours.directory.exists()
+    await ours.close()
+    await again.close()

@@ -357,3 +357,38 @@ def kill_node(cluster: dict, name: str) -> None:
 def marked_processes_of(cluster: dict, name: str) -> list[str]:
     """Processes of one node (its temp dir is on their command lines, except renamed Ray workers)."""
     return [p for p in marked_processes(cluster["mark"]) if str(cluster["tmp"] / name) + "/" in p]
+
+
+def test_a_budget_reached_mid_run_stops_admission_on_every_node(cluster, tmp_path):
+    """One budget for the cluster (issue 25): sessions on both nodes reserve from the same actor, so the
+    run stops under the cap plus the measured bound; two budgets, one a node, would spend about twice."""
+    make_dataset(tmp_path / "prompts.jsonl", 60)
+    cap, reserve_price, billed_price = 0.1, 4.0, 5.0
+    sim_log = tmp_path / "sim.jsonl"
+    billed = {"input": billed_price, "output": billed_price}
+    config = {
+        "sim": {"latency_s": 0.1, "log_path": str(sim_log), "reported_price": billed},
+        "pricing": {"raygen-sim": {"input": reserve_price, "output": reserve_price}},
+        "sampling": {"max_tokens": 256},
+        "env": {"type": "local", "root": str(tmp_path / "workdirs")},
+        "ray": {"workers": 2, "sessions_per_worker": SESSIONS_PER_WORKER},
+        "output": {"output_dir": str(tmp_path / "runs"), "run_name": "budget"},
+    }
+    (tmp_path / "workdirs").mkdir()
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    cmd = raygen_cmd(tmp_path / "prompts.jsonl", tmp_path / "run.yaml", cluster, "--max-cost", str(cap))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=cluster["env"], timeout=900)
+    assert proc.returncode == 75, proc.stderr[-5000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("budget reached: $")
+
+    run = tmp_path / "runs" / "budget"
+    records = read_jsonl(run.glob("shards/*.jsonl"))
+    ids = cluster["node_ids"]
+    assert {r["env"]["node"] for r in records if r["api_calls"]} == {ids["head"], ids["w1"]}
+    log = [json.loads(line) for line in sim_log.read_text().splitlines()]
+    billed_usd = sum(e["tokens"] for e in log if e["status"] == 200) * billed_price / 1e6
+    spent = sum(r["cost_usd"] for r in records)
+    assert spent == pytest.approx(billed_usd, rel=1e-9)
+    budget = json.loads((run / "statistics.json").read_text())["this_invocation"]["budget"]
+    assert cap * 0.5 < spent <= cap + budget["excess_usd"] + 1e-12
+    assert len({r["sample_key"] for r in records if not r["exit_status"].startswith("error:")}) < 60

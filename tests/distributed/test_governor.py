@@ -55,7 +55,9 @@ async def test_an_unpaced_governor_leases_in_large_batches_until_the_first_cut()
     unpaced = gate.stats["remote_calls"] / gate.stats["permits"]
     print(f"\nin-process, nothing configured, 64 callers: {unpaced:.3f} remote calls per request")
     assert unpaced < 0.05  # leases of up to 64, where a paced governor gives at most 8
-    gate.release(await gate.acquire(100), status=429, retry_after_s=0.01)
+    refused = [await gate.acquire(100) for _ in range(2)]  # one 429 alone cuts nothing
+    for permit in refused:
+        gate.release(permit, status=429, retry_after_s=0.01)
     await gate.flush()
     await asyncio.sleep(0.35)  # the governor settles, then paces: leases of at most lease_size again
     calls = gate.stats["remote_calls"]
@@ -169,27 +171,35 @@ async def test_a_429_gives_back_the_slots_held_with_it():
     assert held > 0
     gate.release(permits[0], status=429, retry_after_s=0.01)
     assert not gate._leases and gate.stats["returned"] == held
+    gate.release(permits[1], status=429, retry_after_s=0.01)  # a second: evidence, the governor cuts
     await asyncio.sleep(0.02)  # the provider's Retry-After passed; the governor has not answered yet
     retry = asyncio.ensure_future(gate.acquire(10))
     await asyncio.sleep(0.2)
     assert not retry.done()
-    for permit in permits[1:]:
-        gate.release(permit, status=200)
+    gate.release(permits[2], status=200)
     await asyncio.wait_for(retry, 5)
     gate.release(retry.result(), status=200)
     await gate.aclose()
 
 
-async def test_a_429_pauses_the_other_gate_and_cuts_the_target():
+async def test_one_429_neither_pauses_nor_cuts_but_three_do():
     service = GovernorService(GovernorConfig(initial_rpm=6000, max_rpm=6000, adaptive=True))
     a, b = GovernorClient(service, lookahead=False), GovernorClient(service, lookahead=False)
-    permit = await a.acquire(10)
-    a.release(permit, status=429, retry_after_s=1.0)
+    a.release(await a.acquire(10), status=429, retry_after_s=1.0)
+    await a.flush()
+    snap = await service.snapshot()
+    assert snap["rate_limited"] == 1 and snap["paused_for_s"] == 0 and snap["target_rpm"] == 6000
+    t0 = time.monotonic()
+    b.release(await b.acquire(10), status=200)
+    a.release(await a.acquire(10), status=200)  # not even the worker that got it pauses
+    assert time.monotonic() - t0 < 0.5
+    for _ in range(2):
+        a.release(await a.acquire(10), status=429, retry_after_s=1.0)
     await a.flush()
     before = time.monotonic()
     snap = await service.snapshot()
     # Paced at a start rate with no 429 before: slow start; the cut goes back to half of it at least.
-    assert snap["rate_limited"] == 1 and snap["target_rpm"] == pytest.approx(3000)
+    assert snap["rate_limited"] == 3 and snap["target_rpm"] == pytest.approx(3000)
     paused_until = before + snap["paused_for_s"]  # no later than the pause really ends
     b.release(await b.acquire(10), status=200)
     assert time.monotonic() >= paused_until
@@ -204,7 +214,8 @@ async def test_exhausted_window_headers_pause_only_after_a_429():
     gate.release(await gate.acquire(10), status=200, headers=last_of_window)
     await gate.flush()
     assert (await service.snapshot())["paused_for_s"] == 0  # served: the pacing handles the window
-    gate.release(await gate.acquire(10), status=429, headers=last_of_window)
+    for _ in range(3):  # several refusals: evidence
+        gate.release(await gate.acquire(10), status=429, headers=last_of_window)
     await gate.flush()
     assert 1.0 < (await service.snapshot())["paused_for_s"] <= 2.0  # refused: wait for the reset
     await gate.aclose()
@@ -297,9 +308,10 @@ class LoadActor:
         await self.gate.flush()
         return {"times": times, **self.gate.stats}
 
-    async def hit_429(self, retry_after_s: float) -> None:
-        permit = await self.gate.acquire(100)
-        self.gate.release(permit, status=429, retry_after_s=retry_after_s)
+    async def hit_429(self, retry_after_s: float, count: int = 1) -> None:
+        permits = [await self.gate.acquire(100) for _ in range(count)]
+        for permit in permits:
+            self.gate.release(permit, status=429, retry_after_s=retry_after_s)
         await self.gate.flush()
 
     async def acquire_times(self, count: int) -> list[float]:
@@ -355,16 +367,16 @@ def test_two_actors_share_one_governor_and_hold_the_global_rpm(actors):
 
 
 @pytest.mark.ray
-def test_a_429_in_one_actor_pauses_and_slows_the_other(actors):
+def test_429s_in_one_actor_pause_and_slow_the_other(actors):
     config = GovernorConfig(initial_rpm=600, max_rpm=600, lease_size=4, adaptive=True)
     _, governor = _fresh_governor(config, actors)
     a, b = actors
     ray.get([a.acquire_times.remote(2), b.acquire_times.remote(2)])
-    ray.get(a.hit_429.remote(3.0))
+    ray.get(a.hit_429.remote(3.0, count=3))  # three within 2 s: evidence enough to pause everyone
     before = time.time()
     snap = ray.get(governor.snapshot.remote())
     pause_end = before + snap["paused_for_s"]  # no later than the pause really ends
-    assert snap["rate_limited"] == 1 and snap["cuts"] == 1
+    assert snap["rate_limited"] == 3 and snap["cuts"] == 1
     assert snap["target_rpm"] == pytest.approx(300)  # the whole cluster's target was cut (slow start: halved)
     assert snap["paused_for_s"] > 0
     # b may still spend what it held locally, but the next slot it needs comes after the pause.

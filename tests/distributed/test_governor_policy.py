@@ -10,7 +10,7 @@ import random
 import pytest
 
 from raygen.config import GovernorConfig, SimConfig
-from raygen.distributed import governor_policy
+from raygen.distributed import rate_learning
 from raygen.distributed.governor_policy import GovernorPolicy
 from raygen.distributed.leases import UsageReport
 from raygen.sim.limits import RateLimits
@@ -31,8 +31,11 @@ def make(clock: FakeClock | None = None, **config) -> tuple[GovernorPolicy, Fake
     return GovernorPolicy(GovernorConfig(**config), clock), clock
 
 
-def limited(epoch: int, pause_s: float = 0.0) -> UsageReport:
-    return UsageReport(completed=1, rate_limited=1, rate_limited_epoch=epoch, pause_s=pause_s)
+def limited(epoch: int, pause_s: float = 0.0, count: int = 1) -> UsageReport:
+    """``count`` 429s asking ``pause_s`` each (one is evidence of nothing; raygen.distributed.refusals)."""
+    return UsageReport(
+        completed=count, rate_limited=count, rate_limited_epoch=epoch, refusals=[(pause_s, True, 0.0)] * count
+    )
 
 
 # ------------------------------------------------------------------ pacing
@@ -192,16 +195,19 @@ def test_by_default_nothing_is_paced_until_the_first_429_sets_the_measured_rate(
         lim.report("w", UsageReport(returned=999, completed=1))
         epoch = lease.epoch
         clock.t += 0.05
-    # 429 with Retry-After 1 s: 100 passed in 5 s, and the provider wants 1 s more: 100 per 6 s. Until
-    # the Retry-After has passed, the other answers of the wave come in; then pacing starts.
-    lim.report("w", limited(epoch, pause_s=1.0))
+    # Two 429s with Retry-After 1 s (one alone is no evidence): 100 passed in 5 s, and the provider wants
+    # 1 s more: about 100 per 6 s. Until the Retry-After has passed, the other answers of the wave come in;
+    # then pacing starts.
+    lim.report("w", limited(epoch, pause_s=1.0, count=2))
     assert lim.lease("w", 1).requests == 0 and lim.target_rpm is None
     clock.t += 0.5
-    lim.report("w", limited(epoch))  # another 429 of the same wave: counted, no second cut
+    lim.report("w", limited(epoch))  # another 429 of the same wave: counted, no second cut; but the
+    clock.t += 0.5  # third within 2 s pauses everyone for the 1 s asked, counted from it
+    assert lim.lease("w", 5).requests == 0 and lim.target_rpm is None
     clock.t += 0.5
     assert lim.lease("w", 5).requests == 0  # pacing starts with an empty bucket
-    assert lim.target_rpm == pytest.approx(98 * 60 / 6)
-    assert lim.snapshot()["measured_limit_rpm"] == pytest.approx(98 * 60 / 6)
+    assert lim.target_rpm == pytest.approx(97 * 60 / 6)
+    assert lim.snapshot()["measured_limit_rpm"] == pytest.approx(97 * 60 / 6)
     assert lim.snapshot()["cuts"] == 1
     clock.t += 60 / lim.target_rpm
     assert lim.lease("w", 5).requests == 1
@@ -215,7 +221,7 @@ def test_the_measured_rate_uses_at_most_the_last_ten_seconds():
     for second in range(30):  # 10/s for 20 s, then 30/s for 10 s
         lim.lease("w", 10 if second < 20 else 30)
         clock.t += 1.0
-    lim.report("w", limited(0))
+    lim.report("w", limited(0, count=2))
     clock.t += 0.3  # settling: the wave's other answers
     assert lim.lease("w", 1).requests == 0
     assert lim.target_rpm == pytest.approx((300 - 1) * 6, rel=0.11)  # 30/s: the last 10 s only
@@ -228,7 +234,7 @@ def test_a_burst_of_429s_cuts_the_target_once():
         lim.lease("a", 1)
         clock.t += 0.1
     lease = lim.lease("a", 1)
-    lim.report("a", limited(lease.epoch))
+    lim.report("a", limited(lease.epoch, count=2))
     first = lim.target_rpm
     assert first == pytest.approx(40 * 60 / 4.0, rel=0.03)  # what passed, not a fraction of the target
     for _ in range(20):  # more answers for requests sent before the cut, from several workers
@@ -243,21 +249,21 @@ def test_a_burst_of_429s_cuts_the_target_once():
     lim.report("b", limited(fresh.epoch))
     assert lim.target_rpm < first
     assert lim.snapshot()["cuts"] == 2
-    assert lim.snapshot()["rate_limited"] == 24
+    assert lim.snapshot()["rate_limited"] == 25
 
 
 def test_a_429_the_measured_rate_cannot_explain_cuts_by_the_decrease_factor():
     lim, clock = make(initial_rpm=60, burst_s=10)
     assert lim.lease("a", 10).requests == 10  # the stored burst goes at once
     clock.t += 0.5
-    lim.report("a", limited(0))  # "1200 rpm passed" is no limit for a target of 60
+    lim.report("a", limited(0, count=2))  # "1200 rpm passed" is no limit for a target of 60
     assert lim.target_rpm == pytest.approx(60 * 0.7)
 
 
 def test_retry_after_pauses_every_worker_until_it_passes():
     lim, clock = make(initial_rpm=600, burst_s=1.0)
     lim.lease("a", 1)
-    lim.report("a", limited(0, pause_s=5.0))
+    lim.report("a", limited(0, pause_s=5.0, count=3))
     clock.t += 4.9
     paused = lim.lease("b", 1)
     assert paused.requests == 0 and paused.pause_s == pytest.approx(0.1)
@@ -270,14 +276,14 @@ def test_known_rpm_is_only_trimmed_and_honours_retry_after():
     lim, clock = make(rpm=600, burst_s=1.0)
     assert not lim.adaptive
     lim.lease("a", 5)
-    lim.report("a", limited(0))  # the provider counts more strictly than the pacing: 1.5 % slower
+    lim.report("a", limited(0, count=2))  # the provider counts more strictly than the pacing: 1.5 % slower
     clock.t += 0.2
     assert lim.target_rpm == pytest.approx(591) and lim.lease("a", 1).requests == 1
     for _ in range(20):
         clock.t += 1.0
         lim.report("a", limited(lim.epoch))
     assert lim.target_rpm == pytest.approx(540)  # never below 90 % of the configured pace
-    lim.report("a", limited(lim.epoch, pause_s=2.0))
+    lim.report("a", limited(lim.epoch, pause_s=2.0, count=3))
     assert lim.lease("a", 1).requests == 0
     clock.t += 2.0
     assert lim.lease("a", 1).requests == 1
@@ -292,7 +298,7 @@ def test_no_adaptive_and_no_limit_governs_nothing():
 
 def test_pause_is_capped_by_max_pause_s():
     lim, _ = make(rpm=600, max_pause_s=10)
-    lim.report("a", UsageReport(pause_s=3600))
+    lim.report("a", UsageReport(refusals=[(3600.0, False, 0.0)] * 3))
     assert lim.lease("a", 1).pause_s == pytest.approx(10)
 
 
@@ -323,7 +329,7 @@ def drive_busy(lim: GovernorPolicy, clock: FakeClock, seconds: float, dt: float 
 def test_recovery_after_a_cut_is_gradual_and_bounded_by_the_ceiling():
     lim, clock = make(initial_rpm=600, max_rpm=900)
     drive_busy(lim, clock, 0.5)
-    lim.report("w", limited(0))
+    lim.report("w", limited(0, count=2))
     measured = lim.measured_limit_rpm
     assert lim.target_rpm == pytest.approx(measured) and measured < 600
     targets = drive_busy(lim, clock, 120)
@@ -482,7 +488,7 @@ def test_probing_past_a_limit_measured_alike_slows_down(monkeypatch):
     # A fixed limit, learned over a minute: once two cuts in a row measure about the same rate, the
     # governor goes up to it and probes past it ever more slowly, so fewer probes end in 429s.
     confirmed = simulate(GovernorConfig(), provider(1200), job_s=60)
-    monkeypatch.setattr(governor_policy, "_SAME_LIMIT", -1.0)  # never "the same": every probe at full pace
+    monkeypatch.setattr(rate_learning, "SAME_LIMIT", -1.0)  # never "the same": every probe at full pace
     unconfirmed = simulate(GovernorConfig(), provider(1200), job_s=60)
     print(f"\nconfirmed: {_fmt(confirmed)}\nunconfirmed: {_fmt(unconfirmed)}")
     assert confirmed["cuts"] < unconfirmed["cuts"]

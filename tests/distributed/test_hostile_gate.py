@@ -1,5 +1,6 @@
 """A governed worker against a provider answering one 503 with ``Retry-After: 100000`` (issue 15, case 1):
-the worker's gate pauses at most ``governor.max_pause_s``, like the cluster governor. No Ray cluster."""
+one answer pauses neither the worker's gate nor the governor (issue 24: a pause needs several refusals,
+and lasts at most ``governor.max_pause_s``); only its own retry waits. No Ray cluster."""
 
 from __future__ import annotations
 

@@ -27,3 +27,25 @@ def test_pause_from_headers_only_when_a_window_is_exhausted():
     assert pause_from_headers({**headers, "X-RateLimit-Remaining-Requests": "12"}) == 0.0
     openrouter = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1700000003000"}
     assert pause_from_headers(openrouter, wall_now=1_700_000_000) == pytest.approx(3.0)
+
+
+def test_anthropic_headers_with_rfc3339_resets():
+    now = 1_700_000_000  # 2023-11-14T22:13:20Z
+    assert parse_reset("2023-11-14T22:13:25Z", wall_now=now) == pytest.approx(5.0)
+    assert parse_reset("2023-11-14T22:13:25.500+00:00", wall_now=now) == pytest.approx(5.5)
+    assert parse_reset("2023-11-14T22:13:25", wall_now=now) is None  # no zone: no certain time
+    anthropic = {
+        "anthropic-ratelimit-requests-remaining": "3",
+        "anthropic-ratelimit-requests-reset": "2023-11-14T22:13:21Z",
+        "anthropic-ratelimit-output-tokens-remaining": "0",
+        "anthropic-ratelimit-output-tokens-reset": "2023-11-14T22:13:27Z",
+    }
+    assert pause_from_headers(anthropic, wall_now=now) == pytest.approx(7.0)  # the exhausted window's
+
+
+def test_retry_after_forms_the_model_client_reads():
+    from raygen.model.openai_model import _retry_after
+
+    assert _retry_after({"retry-after-ms": "1500", "retry-after": "2"}) == pytest.approx(1.5)
+    assert _retry_after({"retry-after": "2"}) == pytest.approx(2.0)
+    assert _retry_after({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0.0  # a date in the past

@@ -25,8 +25,10 @@ pytest.importorskip("modal", reason='needs the modal extra: pip install "raygen[
 from fake_modal import FakeModal
 
 from raygen.config import ModalEnvConfig
+from raygen.distributed.sandbox_governor import SandboxGovernorService
 from raygen.envs import EnvSpec, create_environment
 from raygen.envs import modal as modal_backend
+from raygen.envs.fleet import FleetLimits, SandboxRefused
 from raygen.envs.labels import LABEL_OWNER_PID, LABEL_RUN, LABEL_SAMPLE
 from raygen.envs.modal import ModalEnvironment
 from raygen.errors import MissingExtraError, SessionFailure
@@ -290,6 +292,93 @@ def test_real_modal_round_trip(tmp_path):
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+# --- Modal's creation limit (5/s per workspace, RESOURCE_EXHAUSTED) against the sandbox governor ------
+
+
+class InProcessGate:
+    """The sandbox governor's client protocol, calling the service directly (no Ray)."""
+
+    def __init__(self, service: SandboxGovernorService, limits: FleetLimits):
+        self.service, self.limits = service, limits.model_dump()
+        self.pending: list[asyncio.Task] = []
+
+    async def acquire(self, key: str) -> str:
+        while not await self.service.acquire(key, self.limits):
+            pass
+        return key
+
+    def started(self, permit: str, *, ok: bool, refused: bool = False) -> None:
+        self.pending.append(asyncio.ensure_future(self.service.started(permit, ok, refused)))
+
+    def closed(self, permit: str) -> None:
+        self.pending.append(asyncio.ensure_future(self.service.closed(permit)))
+
+
+async def start_and_close(config, gate=None) -> str:
+    """One sandbox's life, through ``gate`` if given: "ok" or "refused"."""
+    permit = await gate.acquire("modal") if gate else None
+    env = make_modal_env(config)
+    try:
+        await env.start()
+    except SandboxRefused as exc:
+        assert exc.kind == "env_start" and exc.retryable
+        assert "Sandbox creation rate limit (" in str(exc) and "/s) exceeded" in str(exc)
+        if gate:
+            gate.started(permit, ok=False, refused=True)
+        return "refused"
+    finally:
+        await env.close()
+    if gate:
+        gate.started(permit, ok=True)
+        gate.closed(permit)
+    return "ok"
+
+
+def set_limit(fake_modal, per_s: float | None) -> None:
+    fake_modal.inspect(lambda state: setattr(state, "creations_per_s", per_s))
+
+
+async def test_the_fake_refuses_creations_past_five_a_second_with_modals_error(fake_modal, config):
+    set_limit(fake_modal, 5.0)
+    await asyncio.sleep(1.1)  # an empty window
+    outcomes = await asyncio.gather(*(start_and_close(config) for _ in range(9)))
+    assert outcomes.count("ok") == 5 and outcomes.count("refused") == 4
+    message = fake_modal.inspect(lambda state: state.refused_creations)
+    assert message >= 4
+
+
+async def test_through_the_governor_no_creation_is_refused(fake_modal, config):
+    set_limit(fake_modal, 5.0)
+    await asyncio.sleep(1.1)
+    refused_before = fake_modal.inspect(lambda state: state.refused_creations)
+    gate = InProcessGate(SandboxGovernorService(), config.fleet)
+    began = time.monotonic()
+    outcomes = await asyncio.gather(*(start_and_close(config, gate) for _ in range(12)))
+    assert outcomes == ["ok"] * 12
+    assert fake_modal.inspect(lambda state: state.refused_creations) == refused_before
+    assert time.monotonic() - began >= 11 / 5  # paced, not bursted
+
+
+async def test_the_governor_learns_a_lower_limit_from_modals_refusals(fake_modal, config):
+    set_limit(fake_modal, 2.0)  # the workspace allows less than configured
+    await asyncio.sleep(1.1)
+    service = SandboxGovernorService()
+    gate = InProcessGate(service, FleetLimits(creations_per_s=5.0))
+    remaining, refusals, passes = 14, 0, 0
+    try:
+        while remaining and passes < 10:  # a refused session is retried, as a run's next pass would
+            outcomes = await asyncio.gather(*(start_and_close(config, gate) for _ in range(remaining)))
+            await asyncio.gather(*gate.pending)
+            remaining = outcomes.count("refused")
+            refusals += remaining
+            passes += 1
+        assert remaining == 0 and refusals >= 1
+        learned = (await service.snapshot())["modal"]
+        assert learned["rate"] <= 2.5 and learned["refused"] == refusals
+    finally:
+        set_limit(fake_modal, 5.0)
 
 
 def test_zz_nothing_unfaked_was_called_and_nothing_is_left_running(fake_modal):

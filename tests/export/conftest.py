@@ -67,18 +67,22 @@ async def _generate() -> list[str]:
         return await _sessions(sim.url, CAPTURE, captured) + await _sessions(sim.url, SamplingConfig(), plain)
 
 
+def write_run(run: Path, lines: list[str]) -> Path:
+    """A merged run folder of these records (shards, manifest, the merge)."""
+    run.mkdir(parents=True)
+    writer = ShardWriter(run, "w0", max_records=100, flush_s=3600)
+    for line in lines:
+        writer.add(line)
+    writer.close()
+    (run / "manifest.json").write_text(json.dumps({"run_name": run.name, "config": {}}))
+    merge_run(run, FilterConfig(no_reasoning=False, hallucinated_tools=False), data_shard_records=3)
+    return run
+
+
 @pytest.fixture(scope="session")
 def run_dir(tmp_path_factory) -> Path:
     """Six sessions with captured ids and logprobs (three prompt groups of two), two without."""
-    run = tmp_path_factory.mktemp("export-run") / "run"
-    run.mkdir()
-    writer = ShardWriter(run, "w0", max_records=100, flush_s=3600)
-    for line in asyncio.run(_generate()):
-        writer.add(line)
-    writer.close()
-    (run / "manifest.json").write_text(json.dumps({"run_name": "run", "config": {}}))
-    merge_run(run, FilterConfig(no_reasoning=False, hallucinated_tools=False), data_shard_records=3)
-    return run
+    return write_run(tmp_path_factory.mktemp("export-run") / "run", asyncio.run(_generate()))
 
 
 @pytest.fixture(scope="session")

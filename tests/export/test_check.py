@@ -77,7 +77,7 @@ def test_a_different_template_is_caught_where_it_differs(run_dir, tmp_path):
     served = result.check["server_ids"]
     assert served["compared"] == served["mismatched"] == 6 and served["matched"] == 0
     first = served["mismatch_examples"][0]
-    assert first["in_prompt"] is False
+    assert (first["turn"], first["part"]) == (1, "prompt")  # the first prompt has no tool result yet
     assert "tool:\n" in first["rendered"] and "tool:\n" not in first["served"]
 
 

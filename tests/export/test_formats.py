@@ -131,3 +131,16 @@ def test_cut_at_a_turn_boundary(run_dir, tmp_path, tokenizer):
         run_dir, ExportOptions(fmt="trl", out=str(tmp_path / "drop"), tokenizer=TOKENIZER, max_length=limit)
     )
     assert dropped.rows == 0 and dropped.skipped == {f"over --max-length {limit}": 8}
+
+
+def test_large_rows_close_a_shard_early(run_dir, tmp_path, monkeypatch):
+    """Memory stays bounded: a shard closes at its size limit before it has ``rows_per_shard`` rows."""
+    from raygen.export import writer
+
+    monkeypatch.setattr(writer, "SHARD_BYTES", 1)
+    monkeypatch.setattr(writer, "SHARD_TOKENS", 1)
+    for fmt, suffix in (("openai", "jsonl"), ("tokens", "parquet")):
+        out = tmp_path / fmt
+        result = export_run(run_dir, ExportOptions(fmt=fmt, out=str(out)))
+        assert len(result.files) == result.rows > 1
+        assert all(name.endswith(suffix) for name in result.files)

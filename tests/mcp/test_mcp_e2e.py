@@ -101,3 +101,10 @@ def test_a_server_that_does_not_start_stops_the_run_in_one_line(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and "'broken'" in errors[0] and "missing configuration FOO" in errors[0]
     assert not (tmp_path / "x").exists()  # nothing started: no run folder, no model call
+
+
+def test_validate_knows_the_servers_of_mcp_config_as_toolsets(tmp_path):
+    dataset = write_dataset(tmp_path / "prompts.jsonl", [{"prompt": "p", "toolsets": ["terminal", "git"]}])
+    servers = servers_file(tmp_path / "servers.json", {"git": {"command": "mcp-server-git"}})
+    assert raygen("validate", str(dataset)).returncode == 1  # "git" is no toolset without the servers
+    assert raygen("validate", str(dataset), "--mcp-config", str(servers)).returncode == 0

@@ -35,10 +35,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def http_url():
+def start_server(*args: str):
     port = free_port()
-    server = subprocess.Popen([sys.executable, str(SERVERS / "http_server.py"), str(port), TOKEN])
+    server = subprocess.Popen([sys.executable, str(SERVERS / "http_server.py"), str(port), *args])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -47,7 +46,21 @@ def http_url():
         except OSError:
             assert server.poll() is None, "the HTTP MCP server exited"
             time.sleep(0.1)
+    return server, port
+
+
+@pytest.fixture(scope="module")
+def http_url():
+    server, port = start_server(TOKEN)
     yield f"http://127.0.0.1:{port}/mcp"
+    server.terminate()
+    server.wait(10)
+
+
+@pytest.fixture(scope="module")
+def sse_url():
+    server, port = start_server("-", "sse")
+    yield f"http://127.0.0.1:{port}/sse"
     server.terminate()
     server.wait(10)
 
@@ -98,3 +111,12 @@ async def test_shared_server_serves_every_session_of_the_process(tmp_path):
         assert pids[0] == pids[1]  # the same process answered both sessions
     finally:
         await close_shared()
+
+
+async def test_sse_server(sse_url):
+    model = ListModel([turn(call("old__add", {"a": 1, "b": 2}, "a")), DONE])
+    runner = await mcp_runner({"old": {"type": "sse", "url": sse_url}}, FakeEnvConfig(), model)
+    record = await runner.run(sample(["old"]))
+    assert record.exit_status == "completed", record.error
+    assert tool_messages(record)["a"] == "3"
+    assert record.mcp_servers[0]["transport"] == "sse"

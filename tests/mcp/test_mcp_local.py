@@ -210,3 +210,13 @@ async def test_secret_values_reach_the_server_but_not_the_record(tmp_path):
     record = await runner.run(sample(["s"]))
     assert record.exit_status == "completed", record.error
     assert token not in record.model_dump_json()  # the echo of it was scrubbed from the record
+
+
+async def test_session_timeout_mid_call_stops_the_server_and_its_children(tmp_path):
+    model = ListModel([turn(call("scripted__pid", {}, "p")), turn(call("scripted__hang", {}, "h")), DONE])
+    runner = await mcp_runner({"scripted": scripted("child")}, local(tmp_path, False), model)
+    runner.cfg = runner.cfg.model_copy(update={"session_timeout_s": 3.0})
+    record = await runner.run(sample(["scripted"]))
+    assert record.exit_status == "error:session_timeout"
+    assert json.loads(tool_messages(record)["p"])["child"]  # the server had started a child
+    assert_none_inside(tmp_path)  # the cancelled session still stopped the server and the child

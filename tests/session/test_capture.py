@@ -168,3 +168,56 @@ async def test_a_simulator_whose_tokenizer_cannot_load_does_not_start(tmp_path):
     with pytest.raises(ConfigError, match="cannot load tokenizer"):
         async with SimServer(SimConfig(tokenizer=str(tmp_path / "missing"))):
             pass
+
+
+async def test_captured_tokens_count_toward_the_record_size_limit():
+    """A short conversation with a huge capture is over ``max_record_bytes`` too: it fails as too large,
+    without its conversation and token data, instead of being stored at any size."""
+    from raygen.model.base import ChatModel, Completion, TokenCapture
+
+    class BigCapture(ChatModel):
+        name = "big"
+
+        async def complete(self, messages, tools):
+            ids = list(range(100_000, 130_000))
+            tokens = TokenCapture(
+                token_ids=ids, logprobs=[-0.123456789012345] * len(ids), prompt_token_ids=ids
+            )
+            return Completion({"role": "assistant", "content": "hi"}, finish_reason="stop", tokens=tokens)
+
+    rec = await runner(BigCapture(), max_record_bytes=256 * 1024).run(sample())
+    assert rec.exit_status == "error:record_too_large"
+    assert rec.messages == [] and rec.loss_mask == []
+    assert all(t.token_ids is None and t.logprobs is None for t in rec.turns)
+    assert len(rec.model_dump_json()) < 256 * 1024
+
+
+def test_malformed_token_fields_are_left_out_not_fatal():
+    """An endpoint's broken extension fields cost the capture, never the session."""
+    from openai._models import construct_type
+    from openai.types.chat import ChatCompletion
+
+    from raygen.model.token_capture import capture
+
+    body = {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "prompt_token_ids": [1, "two", 3],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "hi"},
+                "finish_reason": "stop",
+                "token_ids": "not a list",
+                "logprobs": {
+                    "content": [{"token": "hi", "logprob": None, "bytes": None, "top_logprobs": []}]
+                },
+            }
+        ],
+    }
+    # as the SDK reads a response (without strict validation)
+    found = capture(construct_type(type_=ChatCompletion, value=body))
+    assert found.model == "m"
+    assert found.prompt_token_ids is None and found.token_ids is None and found.logprobs is None

@@ -159,10 +159,31 @@ def test_hallucination_calls_an_unoffered_tool_then_continues():
     assert replies[0].decision["hallucinate"] is True
     # The error result of the unknown tool does not derail the rest of the script.
     assert verdict(messages) == ("ok", "ok")
-    # hallucinate, probe, read back, explore (the offered web tools are not built in: each called once)
-    assert len(replies) == 5
-    explored = {c["function"]["name"] for c in replies[3].message["tool_calls"]}
-    assert explored == {"web_search", "browse_web", "search_internet"}
+    # hallucinate, probe, read back, final answer: the offered web tools are no MCP tools, so not explored
+    assert len(replies) == 4
+    assert "tool_calls" not in replies[3].message
+
+
+def test_only_mcp_tools_are_explored():
+    """A harness's own tools (Claude Code's Task, Hermes's browser) are never called with made-up
+    arguments; MCP tools (``server__tool``, Claude Code's ``mcp__server__tool``) are, once each."""
+    offered = [
+        "terminal",
+        "read_file",
+        "write_file",
+        "Task",
+        "browse_web",
+        "time__now",
+        "mcp__git__git_status",
+    ]
+    _, replies = drive("what changed", offered, SimConfig(hallucinate_rate=0.0), World())
+    explored = [
+        call["function"]["name"]
+        for reply in replies
+        for call in reply.message.get("tool_calls") or ()
+        if call["function"]["name"] not in ("terminal", "read_file", "write_file")
+    ]
+    assert explored == ["time__now", "mcp__git__git_status"]
 
 
 def test_hallucination_also_happens_without_offered_tools():
@@ -327,3 +348,25 @@ def test_offered_tools_beyond_the_built_in_ones_are_explored_once_with_schema_ar
     explored = [args for name, args in seen if name == "time__convert_time"]
     assert explored == [{"source_timezone": "Europe/Berlin", "time": "12:00", "mode": "fast", "count": 3}]
     assert reply.finish_reason == "stop"
+
+
+def test_the_git_setup_never_touches_an_existing_repository(tmp_path):
+    """The probe's git set-up (for an offered git server) makes a repository only where none is: a
+    session that runs inside a checkout must not write or commit into it."""
+    import subprocess
+
+    from raygen.model.sim_explore import GIT_SETUP
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    subprocess.run(["bash", "-c", GIT_SETUP], cwd=fresh, check=True, capture_output=True)
+    assert (fresh / "README.md").read_text() == "# sim\nmore\n"
+    checkout = tmp_path / "checkout"
+    (checkout / "sub").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    (checkout / "README.md").write_text("the project's own\n")
+    for where in (checkout, checkout / "sub"):
+        subprocess.run(["bash", "-c", GIT_SETUP], cwd=where, check=True, capture_output=True)
+    assert (checkout / "README.md").read_text() == "the project's own\n"
+    assert not (checkout / "sub" / "README.md").exists()
+    assert "sim" not in (checkout / ".git" / "config").read_text()

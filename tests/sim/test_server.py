@@ -12,7 +12,8 @@ import pytest
 
 from raygen.config import SimConfig
 from raygen.model.sim_policy import plan_for
-from raygen.sim.server import SimServer, start_in_thread, start_subprocess
+from raygen.sim.launch import start_in_thread, start_subprocess
+from raygen.sim.server import SimServer
 
 FAKE_KEY = "sk-test-SECRET123"
 TOOLS = [
@@ -104,6 +105,20 @@ async def test_rate_limit_answers_429_with_retry_after():
         assert sum(stats["accepted_per_second"].values()) == 2
 
 
+async def test_rate_limit_headers_off_leave_only_retry_after():
+    cfg = fast(rate_limit_rpm=6, rate_limit_burst=1, rate_limit_headers=False)
+    async with SimServer(cfg) as sim, client(sim.url) as ai:
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+        ok = await ai.chat.completions.with_raw_response.create(**body)
+        assert not [h for h in ok.headers if h.lower().startswith("x-ratelimit")]
+        with pytest.raises(openai.RateLimitError) as err:
+            await ai.chat.completions.create(**body)
+        headers = err.value.response.headers
+        assert not [h for h in headers if h.lower().startswith("x-ratelimit")]
+        assert 9 <= int(headers["Retry-After"]) <= 10 and 8000 < int(headers["retry-after-ms"]) <= 10000
+        assert sim.stats.snapshot()["429"] == 1
+
+
 async def test_error_rate_and_stats_reset():
     async with SimServer(fast(error_rate=0.5, seed=5)) as sim, aiohttp.ClientSession() as http:
         body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
@@ -166,7 +181,7 @@ async def test_log_has_one_line_per_request_and_no_key(tmp_path):
     assert len(first["prompt_sha"]) == 16 and first["turn"] == 0
     assert first["tool_calls"] == ["terminal", "write_file"]
     assert first["decision"]["nonce"] == plan_for("log me", SimConfig()).nonce
-    assert lines[2]["decision"] is None
+    assert 0 < lines[2]["decision"]["retry_after_s"] <= 1  # a 429 logs how long it asked to wait
 
 
 def _post_sync(url: str) -> dict:

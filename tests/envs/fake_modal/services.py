@@ -53,6 +53,13 @@ class FakeState:
     """Registry tags whose pull fails (the image build ends in FAILURE, as for an unknown image)."""
     create_delay_s: float = 0.0
     """How long SandboxCreateV2 takes before it creates anything (to cancel a client mid-create)."""
+    creations_per_s: float | None = 5.0
+    """Modal's documented limit of sandbox creations per second per workspace (5 by default): a creation
+    beyond it in any one-second window is refused as Modal refuses it, ``RESOURCE_EXHAUSTED`` (the SDK
+    raises ``modal.exception.ResourceExhaustedError``). None: no limit."""
+    creation_times: list[float] = field(default_factory=list)
+    """When each admitted creation arrived (``time.monotonic``)."""
+    refused_creations: int = 0
     apps: dict[str, str] = field(default_factory=dict)
     images: dict[str, str] = field(default_factory=dict)
     """image id -> registry tag"""
@@ -142,8 +149,12 @@ class FakeControlPlane(ModalClientBase):
             result = api_pb2.GenericResult(status=api_pb2.GenericResult.GENERIC_STATUS_SUCCESS)
         await stream.send_message(api_pb2.ImageGetOrCreateResponse(image_id=image_id, result=result))
 
+    def _admit_creation(self) -> None:
+        _admit(self.state)
+
     async def SandboxCreateV2(self, stream) -> None:
         request = await self._recv(stream, "SandboxCreateV2")
+        self._admit_creation()
         await asyncio.sleep(self.state.create_delay_s)
         definition = request.definition
         if request.app_id not in self.state.apps.values():
@@ -239,6 +250,18 @@ _STDIO_FDS = {
     sr_pb2.TASK_EXEC_STDIO_FILE_DESCRIPTOR_STDERR: 2,
 }
 _BEARER = re.compile(r"^Bearer (\S+)$")
+
+
+def _admit(state: FakeState) -> None:
+    """Refuse a creation past ``creations_per_s`` in the last second, with Modal's error shape."""
+    if state.creations_per_s is None:
+        return
+    now = time.monotonic()
+    if sum(1 for t in state.creation_times if now - t < 1.0) >= state.creations_per_s:
+        state.refused_creations += 1
+        limit = f"{state.creations_per_s:g}/s"
+        raise GRPCError(Status.RESOURCE_EXHAUSTED, f"Sandbox creation rate limit ({limit}) exceeded")
+    state.creation_times.append(now)
 
 
 @_fill_unimplemented

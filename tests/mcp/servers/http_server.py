@@ -1,9 +1,10 @@
 """An MCP server built with the official SDK, over streamable HTTP on loopback (for tests and bench).
 
-    python http_server.py PORT [TOKEN]
+    python http_server.py PORT [TOKEN] [sse]
 
 Tools: ``add`` (a + b) and ``counter`` (a per-process count: the state a remote server keeps). With a
-TOKEN, requests without ``Authorization: Bearer TOKEN`` get 401.
+TOKEN (``-`` for none), requests without ``Authorization: Bearer TOKEN`` get 401. With ``sse``, the older
+SSE transport (``/sse``) instead of streamable HTTP (``/mcp``).
 """
 
 import sys
@@ -12,7 +13,8 @@ import uvicorn
 from mcp.server.mcpserver import MCPServer
 
 port = int(sys.argv[1])
-token = sys.argv[2] if len(sys.argv) > 2 else None
+token = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "-" else None
+sse = "sse" in sys.argv[3:]
 server = MCPServer("raygen-test-http")
 calls = {"count": 0}
 
@@ -30,7 +32,7 @@ def counter() -> str:
     return f"call {calls['count']}"
 
 
-app = server.streamable_http_app()
+app = server.sse_app() if sse else server.streamable_http_app()
 if token:
     inner = app
 
