@@ -22,6 +22,9 @@ Scenarios (``--only`` takes these names, or ``governor`` for the first two):
               forwarder add, short and 1-MB requests, streaming and not (docs/agents.md)
   hermes      Hermes Agent run by raygen (--agent hermes) vs Hermes's own batch_runner.py, 16 sessions in
               flight each on the same prompts and simulator: sessions/s and CPU per session
+  ceiling     N prompts (--prompts, 20,000) at zero model and environment cost: time per phase (checks,
+              Ray start, sessions, merge), sessions/s, CPU and peak RSS of the driver, the control actor
+              and the governor (the one-per-run pieces)
   durability  SIGKILL of an actor and of the driver's process group at random moments, with stragglers,
               then --resume: sessions re-sent / sessions in flight at the kill, from the simulator's log
 Raw figures go to WORK/results.json. Run it in a loopback-only namespace (``make bench``).
@@ -61,12 +64,14 @@ ORDER = [
     "mcp",
     "proxy",
     "hermes",
+    "ceiling",
     "durability",
 ]
 
 
 def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
     from bench import (
+        ceiling,
         convlen,
         docker_fleet,
         durability,
@@ -96,6 +101,7 @@ def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
         "mcp": mcp.run,
         "proxy": proxy.run,
         "hermes": hermes_runs.run,
+        "ceiling": ceiling.run,
         "durability": durability.run,
     }
 
@@ -152,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes (about 4 minutes)")
     parser.add_argument("--only", help="comma-separated scenario names")
     parser.add_argument("--kinds", help="rate-limit scenarios only: ways of counting, e.g. 'sliding 10 s'")
+    parser.add_argument("--prompts", type=int, help="prompts of the ceiling scenario [20000]")
     parser.add_argument("--work", type=Path, help="scratch folder [/tmp/raygen-bench/<timestamp>]")
     args = parser.parse_args(argv)
     names = _selected(args.only)
@@ -160,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     # 2,000 sessions hold thousands of sockets; children inherit the raised limit.
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    ctx = Context(work=work, quick=args.quick, kinds=_split(args.kinds), log=_log)
+    ctx = Context(work=work, quick=args.quick, kinds=_split(args.kinds), prompts=args.prompts, log=_log)
     scenarios = _scenarios()
     started = time.time()
     load_before = _load()

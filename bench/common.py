@@ -52,6 +52,8 @@ class Context:
     log: Any = print
     kinds: list[str] | None = None
     """``--kinds``: the rate-limit scenarios' ways of counting to run (labels such as ``sliding 10 s``)."""
+    prompts: int | None = None
+    """``--prompts N``: the size of the ``ceiling`` scenario (default 20,000; ``--quick`` 2,000)."""
     results: dict[str, Any] = field(default_factory=dict)
     """Raw figures by scenario, written to results.json (and shared: the cluster compares with one node)."""
     _cluster: Any = None
@@ -165,9 +167,11 @@ def run_measured(
     pss: bool = False,
     machine: bool = False,
     cwd: Path = ROOT,
+    make_sampler: Any = None,
 ) -> Measured:
     """Run ``cmd`` in its own session (in ``cwd``), sampling its process tree (and with ``machine``, every
-    process carrying the run's environment mark); on timeout kill the whole tree."""
+    process carrying the run's environment mark); on timeout kill the whole tree. ``make_sampler(pid)``:
+    a sampler of one's own (a ``TreeSampler`` subclass) instead of the plain one."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     mark = uuid.uuid4().hex[:12]
     env = {**(env or child_env()), MARK_ENV: mark}
@@ -183,7 +187,8 @@ def run_measured(
             cwd=cwd,
         )
         marked = TreeSampler(proc.pid, mark=mark) if machine else None
-        with TreeSampler(proc.pid, pss=pss) as sampler, marked or contextlib.nullcontext():
+        tree = make_sampler(proc.pid) if make_sampler else TreeSampler(proc.pid, pss=pss)
+        with tree as sampler, marked or contextlib.nullcontext():
             try:
                 code = proc.wait(timeout_s)
             except BaseException as exc:  # timeout or Ctrl-C: leave nothing running

@@ -24,7 +24,7 @@ def create_model(
     if config.type == "scripted":
         from raygen.model.scripted import ScriptedModel
 
-        return ScriptedModel(config, sim)
+        return ScriptedModel(config, sim, gate)
     from raygen.model.openai_model import OpenAIChatModel
 
     return OpenAIChatModel(

@@ -50,7 +50,7 @@ from raygen.output.run_dir import (
 from raygen.output.schema import JSON_COLUMNS, SCHEMA, to_arrow_table
 from raygen.output.shards import RecordReader, ShardPos, ShardScanStats, iter_shard_records
 from raygen.output.stats import StatsAccumulator
-from raygen.output.storage import TMP_SUFFIX
+from raygen.output.storage import TMP_SUFFIX, Entry
 from raygen.output.summary import summarize
 
 logger = logging.getLogger(__name__)
@@ -105,12 +105,19 @@ class MergeResult:
 
 
 def choose_finals(
-    run_dir: RunDir | Path, filters: FilterConfig, expected_keys: set[str] | None, scan: ShardScanStats
+    run_dir: RunDir | Path,
+    filters: FilterConfig,
+    expected_keys: set[str] | None,
+    scan: ShardScanStats,
+    shards: list[Entry] | None = None,
+    file_order: dict[str, int] | None = None,
 ) -> tuple[dict[str, FinalRecord], dict[str, int]]:
+    """Pass 1 over every shard, or over ``shards`` (a part of ``list_shards`` with ``file_order``, each
+    path's place in the whole list: a parallel merge, ``merge_parallel.py``)."""
     finals: dict[str, FinalRecord] = {}
-    file_order: dict[str, int] = {}
+    file_order = {} if file_order is None else file_order
     counts = {"records_read": 0, "invalid_records": 0, "stale": 0, "attempts_superseded": 0, "spent_usd": 0.0}
-    for record, pos in iter_shard_records(run_dir, scan):
+    for record, pos in iter_shard_records(run_dir, scan, shards):
         counts["records_read"] += 1
         try:
             summary = summarize(record)
@@ -292,12 +299,52 @@ def _merged(
     return result
 
 
+def _pass1(
+    run: RunDir, filters: FilterConfig, expected_keys: set[str] | None, scan: ShardScanStats, processes: int
+) -> tuple[dict[str, list[FinalRecord]], dict[str, int], int | None]:
+    """Pass 1: each sample's final record and outcome (group filters applied), by outcome; the counts;
+    how many expected keys have no record."""
+    from raygen.output.merge_parallel import parallel_finals
+
+    if processes > 1:
+        finals, counts = parallel_finals(run, filters, expected_keys, scan, processes)
+    else:
+        finals, counts = choose_finals(run, filters, expected_keys, scan)
+    apply_group_filters(finals.values(), filters)  # --groups, --best-of: need every sample's outcome
+    missing = None if expected_keys is None else len(expected_keys - finals.keys())
+    return _by_outcome(finals), counts, missing
+
+
+def _write_outcomes(
+    run: RunDir,
+    by_outcome: dict[str, list[FinalRecord]],
+    built: Path,
+    filters: FilterConfig,
+    hermes_writer: HermesWriter | None,
+    per_shard: int,
+    processes: int,
+) -> tuple[_Pass2, int]:
+    """Pass 2: the kept, rejected and failed records into the folders being built (in ``processes``
+    worker processes when more than one); the writer (its statistics) and the number of data shards."""
+    from raygen.output.merge_parallel import parallel_write
+
+    with RecordReader(run_dir=run) as reader:
+        writer = _Pass2(reader, filters, hermes_writer)
+        if processes > 1:
+            return writer, parallel_write(run, by_outcome, built, per_shard, writer.stats, processes)
+        data_shards = writer.write_data(by_outcome[KEPT], built / DATA_DIR, per_shard)
+        writer.write_jsonl(by_outcome[REJECTED], built / REJECTED_DIR, REJECTED, per_shard)
+        writer.write_jsonl(by_outcome[FAILED], built / FAILED_DIR, FAILED, per_shard)
+    return writer, data_shards
+
+
 def merge_run(
     run_dir: RunDir | str | os.PathLike,
     filters: FilterConfig,
     data_shard_records: int,
     expected_keys: set[str] | None = None,
     hermes: HermesOptions | None = None,
+    processes: int | None = None,
 ) -> MergeResult:
     """Merge ``RUN_DIR/shards`` into the output folders; see the module docstring.
 
@@ -305,30 +352,28 @@ def merge_run(
     ``stale``), e.g. to the current dataset when a run folder is reused. ``hermes`` also writes the kept
     records in the reference runner's format to ``RUN_DIR/trajectories.jsonl`` and adds its keys to the
     statistics (``raygen.output.hermes``); without it a ``trajectories.jsonl`` of an earlier merge is
-    removed, so it never disagrees with ``data/``.
+    removed, so it never disagrees with ``data/``. ``processes``: worker processes for both passes (the
+    same output; ``merge_parallel.py``), by default as many as the cores for a large local run.
     """
+    from raygen.output.merge_parallel import merge_processes
+
     if data_shard_records < 1:
         raise ValueError("data_shard_records must be >= 1")
     run = RunDir.of(run_dir)
     if run.is_local:
         recover_leftovers(run.local_path)
     scan = ShardScanStats()
-    finals, counts = choose_finals(run, filters, expected_keys, scan)
-    apply_group_filters(finals.values(), filters)  # --groups, --best-of: need every sample's outcome
-    by_outcome = _by_outcome(finals)
-    missing = None if expected_keys is None else len(expected_keys - finals.keys())
-    del finals
+    processes = merge_processes(run, hermes, processes)
+    by_outcome, counts, missing = _pass1(run, filters, expected_keys, scan, processes)
 
     token = uuid.uuid4().hex[:12]
     built = build_folder(run, token)
     hermes_tmp = (run.local_path if run.is_local else built) / (TRAJECTORIES_FILE + TMP_SUFFIX)
     hermes_writer = HermesWriter(hermes, hermes_tmp) if hermes is not None else None
     try:
-        with RecordReader(run_dir=run) as reader:
-            writer = _Pass2(reader, filters, hermes_writer)
-            data_shards = writer.write_data(by_outcome[KEPT], built / DATA_DIR, data_shard_records)
-            writer.write_jsonl(by_outcome[REJECTED], built / REJECTED_DIR, REJECTED, data_shard_records)
-            writer.write_jsonl(by_outcome[FAILED], built / FAILED_DIR, FAILED, data_shard_records)
+        writer, data_shards = _write_outcomes(
+            run, by_outcome, built, filters, hermes_writer, data_shard_records, processes
+        )
         stats = writer.stats.to_dict()
         if hermes_writer is not None:
             hermes_writer.close()

@@ -228,9 +228,12 @@ def _parse(line: bytes) -> dict[str, Any] | None:
 
 
 def iter_shard_records(
-    run_dir: RunDir | str | os.PathLike, stats: ShardScanStats | None = None
+    run_dir: RunDir | str | os.PathLike,
+    stats: ShardScanStats | None = None,
+    entries: list[Entry] | None = None,
 ) -> Iterator[tuple[dict[str, Any], ShardPos]]:
-    """Every record of every final shard with its position, in ``list_shards`` order.
+    """Every record of every final shard with its position, in ``list_shards`` order (or of ``entries``,
+    a part of that list, e.g. one worker's share of a parallel merge).
 
     Lines that are not a JSON object are skipped, counted in ``stats`` and logged; blank lines are
     skipped silently. Never raises on bad content; raises ``RecordFormatError`` on a record of a newer
@@ -238,7 +241,7 @@ def iter_shard_records(
     """
     stats = stats if stats is not None else ShardScanStats()
     run_dir = RunDir.of(run_dir)
-    for entry in run_dir.list_shards():
+    for entry in run_dir.list_shards() if entries is None else entries:
         stats.files += 1
         path_str = entry.path  # one shared str per file keeps millions of positions small
         offset = 0

@@ -11,7 +11,7 @@ from raygen.config import ScriptedModelConfig, SimConfig
 from raygen.errors import SessionFailure
 from raygen.model.base import ChatModel, Completion
 from raygen.model.scripted import ScriptedModel
-from raygen.model.sim_policy import plan_for
+from raygen.model.sim_policy import NONEXISTENT_MODEL_PREFIX, plan_for
 from raygen.sim.server import SimServer
 
 TOOLS = [
@@ -103,3 +103,31 @@ async def test_nonexistent_model_fails_like_a_404():
     with pytest.raises(SessionFailure) as err:
         await model.complete([{"role": "user", "content": "q"}], [])
     assert err.value.kind == "provider_bad_request" and not err.value.retryable
+
+
+class RecordingGate:
+    """A rate gate that admits everything and remembers what it was told (the governor's seam)."""
+
+    def __init__(self) -> None:
+        self.acquired: list[int] = []
+        self.released: list[dict] = []
+
+    async def acquire(self, est_tokens: int) -> object:
+        self.acquired.append(est_tokens)
+        return len(self.acquired)
+
+    def release(self, permit: object, **report: object) -> None:
+        self.released.append({"permit": permit, **report})
+
+
+async def test_each_call_goes_through_the_gate_like_an_http_call():
+    gate = RecordingGate()
+    model = ScriptedModel(ScriptedModelConfig(), gate=gate)
+    got = await model.complete([{"role": "user", "content": "List the files."}], TOOLS)
+    assert gate.acquired and gate.acquired[0] > 0
+    tokens = {"prompt_tokens": got.prompt_tokens, "completion_tokens": got.completion_tokens}
+    assert gate.released == [{"permit": 1, "status": 200, **tokens}]
+    failing = ScriptedModel(ScriptedModelConfig(model=NONEXISTENT_MODEL_PREFIX + "x"), gate=gate)
+    with pytest.raises(SessionFailure):
+        await failing.complete([{"role": "user", "content": "x"}], TOOLS)
+    assert gate.released[-1] == {"permit": 2, "status": 404}  # handed back however the call ends

@@ -1,0 +1,84 @@
+"""The merge spread over worker processes (``raygen.output.merge_parallel``) writes what the one-process
+merge writes: the same files, byte for byte (Parquet: the same tables and row groups), the same counts,
+the same statistics (sums equal up to float rounding: they are added in another order)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import raygen.output.merge as merge
+import raygen.output.merge_parallel as merge_parallel
+from raygen.config import FilterConfig
+from raygen.output.merge import merge_run
+from raygen.output.run_dir import RunDir
+from tests.output.test_merge import build_dataset, trajectory, write_shards
+
+
+def _close(a: object, b: object, where: str = "") -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            _close(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12), where
+    else:
+        assert a == b, where
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix == ".jsonl"}
+
+
+@pytest.fixture()
+def twin_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, set[str]]:
+    # Row groups of 3 records, so a data shard has several and their order across workers shows.
+    monkeypatch.setattr(merge, "_ROW_GROUP_RECORDS", 3)
+    monkeypatch.setattr(merge_parallel, "_ROW_GROUP_RECORDS", 3)
+    records, final_kind = build_dataset()
+    records += [trajectory(f"x{i:03d}", 50 + i, "good", attempt=1 + i % 2) for i in range(40)]
+    records += [trajectory("stale", 99, "good")]  # not an expected key
+    one = tmp_path / "one"
+    write_shards(one, records, writers=5)
+    (one / "shards" / "manual-000000.jsonl").write_text("not json at all\n")
+    many = tmp_path / "many"
+    shutil.copytree(one, many)  # same files, same modification times: the same shard order
+    expected = set(final_kind) | {f"x{i:03d}" for i in range(40)}
+    return one, many, expected
+
+
+@pytest.mark.parametrize("per_file", [7, 30], ids=["workers-write-files", "workers-build-row-groups"])
+def test_parallel_merge_writes_what_one_process_writes(twin_runs, per_file):
+    # 7 a file: 8 data files for 3 workers, each writes whole files; 30: 2 files, groups spread.
+    one, many, expected = twin_runs
+    serial = merge_run(one, FilterConfig(), data_shard_records=per_file, expected_keys=expected, processes=1)
+    spread = merge_run(many, FilterConfig(), data_shard_records=per_file, expected_keys=expected, processes=3)
+
+    assert spread.kept and spread.rejected and spread.failed  # every kind of output is exercised
+    assert spread.data_shards == serial.data_shards >= 2
+    for field in ("kept", "rejected", "failed", "keys", "records_read", "stale", "unparseable_lines"):
+        assert getattr(spread, field) == getattr(serial, field), field
+    assert spread.attempts_superseded == serial.attempts_superseded > 0
+    for folder in ("data", "rejected", "failed"):
+        assert _files(many / folder) == _files(one / folder), folder
+    groups = []
+    for path in sorted((one / "data").glob("*.parquet")):
+        ours, theirs = pq.ParquetFile(path), pq.ParquetFile(many / "data" / path.name)
+        assert ours.metadata.num_row_groups == theirs.metadata.num_row_groups
+        groups.append(theirs.metadata.num_row_groups)
+        assert ours.read().equals(theirs.read())
+    assert max(groups) > 1
+    _close(RunDir.of(many).read_json("statistics.json"), RunDir.of(one).read_json("statistics.json"))
+
+
+def test_small_local_runs_stay_in_one_process(tmp_path):
+    records, _ = build_dataset()
+    write_shards(tmp_path, records)
+    run = RunDir.of(tmp_path)
+    assert merge_parallel.merge_processes(run, None, None) == 1
+    assert merge_parallel.merge_processes(run, object(), 4) == 1  # the Hermes export: one ordered writer
+    assert merge_parallel.merge_processes(run, None, 4) == 4
