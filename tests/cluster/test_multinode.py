@@ -367,7 +367,9 @@ def test_a_budget_reached_mid_run_stops_admission_on_every_node(cluster, tmp_pat
     sim_log = tmp_path / "sim.jsonl"
     billed = {"input": billed_price, "output": billed_price}
     config = {
-        "sim": {"latency_s": 0.1, "log_path": str(sim_log), "reported_price": billed},
+        # Slow enough calls that both nodes' actors are up before the budget is spent: with 0.1 s the
+        # actor that started first ran every paid session alone on a loaded machine.
+        "sim": {"latency_s": 1.0, "log_path": str(sim_log), "reported_price": billed},
         "pricing": {"raygen-sim": {"input": reserve_price, "output": reserve_price}},
         "sampling": {"max_tokens": 256},
         "env": {"type": "local", "root": str(tmp_path / "workdirs")},

@@ -84,7 +84,8 @@ def test_sessions_tokens_429s_and_governor_rates_reach_the_prometheus_endpoint(t
     assert seen["ray_raygen_rate_limited_total"] >= 1
     assert 1 <= seen["ray_raygen_requests_in_flight"] <= 16
     assert 1 <= seen["ray_raygen_sandboxes"] <= 16
-    # The governor learned the limit from the 429s: paced near 600 rpm, never far above.
-    assert 100 <= seen["ray_raygen_governor_target_rpm"] <= 900
+    # The governor learned the limit from the 429s: paced near 600 rpm, never far above. (A cut needs two
+    # 429s within 10 s since issue 24, so the pace may start above the limit until that evidence is in.)
+    assert 100 <= seen["ray_raygen_governor_target_rpm"] <= 1200
     assert seen["ray_raygen_governor_measured_limit_rpm"] > 0
     assert seen["ray_raygen_governor_achieved_rpm"] > 0
