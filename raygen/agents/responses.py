@@ -16,18 +16,10 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from raygen.agents.wire import assistant_message
+from raygen.agents.wire import assistant_message, content_text
 from raygen.model.base import Completion
 
 _SYSTEM_ROLES = ("system", "developer")
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
 
 
 def _assistant(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -42,7 +34,7 @@ def _item(messages: list[dict[str, Any]], item: dict[str, Any], reasoning: list[
     kind = item.get("type", "message")
     if kind == "message":
         role = "system" if item.get("role") in _SYSTEM_ROLES else str(item.get("role", "user"))
-        message: dict[str, Any] = {"role": role, "content": _text(item.get("content"))}
+        message: dict[str, Any] = {"role": role, "content": content_text(item.get("content"))}
         if role == "assistant" and reasoning:
             message["reasoning_content"] = "\n".join(reasoning)
             reasoning.clear()
@@ -58,10 +50,10 @@ def _item(messages: list[dict[str, Any]], item: dict[str, Any], reasoning: list[
             reasoning.clear()
     elif kind in ("function_call_output", "custom_tool_call_output"):
         output = item.get("output")
-        content = output if isinstance(output, str) else _text(output)
+        content = output if isinstance(output, str) else content_text(output)
         messages.append({"role": "tool", "tool_call_id": str(item.get("call_id", "")), "content": content})
     elif kind == "reasoning" and item.get("summary"):
-        reasoning.append(_text(item.get("summary")))
+        reasoning.append(content_text(item.get("summary")))
 
 
 def request_parts(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

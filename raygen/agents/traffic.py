@@ -20,16 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raygen.agents.base import RecordedCall
+from raygen.agents.wire import content_text
 from raygen.formats.reasoning import split_reasoning
 from raygen.formats.records import ReasoningCounts, ThreadInfo, ToolStat, TurnInfo, Usage
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
 
 
 def _arguments(raw: Any) -> Any:
@@ -52,7 +45,7 @@ def _key(message: dict[str, Any]) -> tuple[Any, ...]:
         if isinstance(c, dict)
     )
     _, visible = split_reasoning(message) if message.get("role") == "assistant" else (None, None)
-    text = visible if isinstance(visible, str) else _text(message.get("content"))
+    text = visible if isinstance(visible, str) else content_text(message.get("content"))
     return (message.get("role"), text.strip(), calls)
 
 

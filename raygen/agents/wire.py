@@ -12,6 +12,15 @@ from typing import Any
 from raygen.model.base import Completion
 
 
+def content_text(content: Any) -> str:
+    """A message's text, whether its content is a string or a list of parts (``{"text": ...}``)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
 def assistant_message(completion: Completion) -> dict[str, Any]:
     """The completion's message as an OpenAI assistant message (``content`` always present)."""
     message = {k: v for k, v in completion.message.items() if v is not None}
