@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,19 +93,25 @@ async def session_async(client: openai.AsyncOpenAI, prompt: str) -> bool:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def run_asyncio(base_url: str, prompts: list[str], concurrency: int) -> dict[str, Any]:
-    # The SDK's default client, with room for every session at once (its default pool stops at 1,000
-    # connections, which would cap the 10,000-session comparison rather than measure the design).
+def async_client(base_url: str, max_connections: int, keepalive: int) -> openai.AsyncOpenAI:
+    """The SDK's default async client against the simulator, with the pool sizes given."""
     limits = type(openai.DEFAULT_CONNECTION_LIMITS)(
-        max_connections=max(concurrency, 1000), max_keepalive_connections=max(concurrency, 100)
+        max_connections=max_connections, max_keepalive_connections=keepalive
     )
-    client = openai.AsyncOpenAI(
+    return openai.AsyncOpenAI(
         api_key="sim",
         base_url=base_url,
         max_retries=3,
         timeout=600,
         http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=600),
     )
+
+
+async def drive(
+    prompts: list[str], concurrency: int, session: Callable[[str], Awaitable[bool]]
+) -> dict[str, Any]:
+    """Run ``session(prompt)`` for every prompt, ``concurrency`` at once: each start and end time and how
+    many sessions failed (returned False or raised)."""
     slots = asyncio.Semaphore(concurrency)
     starts: list[float] = []
     ends: list[float] = []
@@ -115,15 +122,23 @@ async def run_asyncio(base_url: str, prompts: list[str], concurrency: int) -> di
         async with slots:
             starts.append(time.time())
             try:
-                ok = await session_async(client, prompt)
+                ok = await session(prompt)
             except Exception:
                 ok = False
             failed += not ok
             ends.append(time.time())
 
     await asyncio.gather(*(one(p) for p in prompts))
-    await client.close()
     return {"starts": starts, "ends": ends, "failed": failed}
+
+
+async def run_asyncio(base_url: str, prompts: list[str], concurrency: int) -> dict[str, Any]:
+    # The SDK's default client, with room for every session at once (its default pool stops at 1,000
+    # connections, which would cap the 10,000-session comparison rather than measure the design).
+    client = async_client(base_url, max(concurrency, 1000), max(concurrency, 100))
+    result = await drive(prompts, concurrency, lambda prompt: session_async(client, prompt))
+    await client.close()
+    return result
 
 
 # ------------------------------------------------------------------------------------------ pool

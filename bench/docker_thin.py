@@ -22,7 +22,7 @@ from typing import Any
 import docker
 import openai
 
-from bench.baselines import MAX_TURNS, MODEL, TOOLS, _command, _tool_message
+from bench.baselines import MAX_TURNS, MODEL, TOOLS, _command, _tool_message, async_client, drive
 
 
 class Thin:
@@ -79,36 +79,11 @@ class Thin:
 
 async def run(base_url: str, prompts: list[str], concurrency: int, image: str) -> dict[str, Any]:
     thin = Thin(image, concurrency)
-    limits = type(openai.DEFAULT_CONNECTION_LIMITS)(
-        max_connections=max(concurrency, 100), max_keepalive_connections=max(concurrency, 100)
-    )
-    llm = openai.AsyncOpenAI(
-        api_key="sim",
-        base_url=base_url,
-        max_retries=3,
-        timeout=600,
-        http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=600),
-    )
-    slots = asyncio.Semaphore(concurrency)
-    starts: list[float] = []
-    ends: list[float] = []
-    failed = 0
-
-    async def one(prompt: str) -> None:
-        nonlocal failed
-        async with slots:
-            starts.append(time.time())
-            try:
-                ok = await thin.session(llm, prompt)
-            except Exception:
-                ok = False
-            failed += not ok
-            ends.append(time.time())
-
-    await asyncio.gather(*(one(p) for p in prompts))
+    llm = async_client(base_url, max(concurrency, 100), max(concurrency, 100))
+    result = await drive(prompts, concurrency, lambda prompt: thin.session(llm, prompt))
     await llm.close()
     thin.pool.shutdown()
-    return {"starts": starts, "ends": ends, "failed": failed, "waits": thin.waits, "execs": thin.execs}
+    return {**result, "waits": thin.waits, "execs": thin.execs}
 
 
 def main() -> int:
