@@ -18,7 +18,8 @@ out = Console()
 err = Console(stderr=True)
 
 
-def _fail(exc: Exception) -> None:
+def fail(exc: Exception) -> None:
+    """One line on stderr and exit 2 (the run-folder commands' way to refuse)."""
     # Text, not markup: messages quote user data (paths, JSON) that may hold [brackets].
     err.print(Text.assemble(("error", "bold red"), f": {exc}"), highlight=False, soft_wrap=True)
     raise typer.Exit(2)
@@ -42,7 +43,7 @@ def report(
             run_dir, output, sample_size=sample, seed=seed, viewer_budget=int(budget_mb * 1_000_000)
         )
     except (ConfigError, OSError) as exc:
-        _fail(exc)
+        fail(exc)
     err.print(
         f"wrote {result.path} ({result.size_bytes / 1e6:.1f} MB; {result.records_scanned:,} records scanned, "
         f"{result.trajectories_embedded:,} trajectories embedded, {result.seconds:.1f} s)",
@@ -71,7 +72,7 @@ def sample(
             run_dir, output, per_category=per_category, seed=seed, include=parse_include(include)
         )
     except (ConfigError, OSError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
     table = Table("category", "outcome", "sampled", "in run", title=f"review sample (seed {seed})")
     for (category, outcome), population in sorted(result.population.items()):
         table.add_row(category, outcome, str(result.picked.get((category, outcome), 0)), f"{population:,}")
@@ -184,7 +185,7 @@ def compare(
     try:
         doc = compare_runs(run_a, run_b, force=force)
     except (ConfigError, OSError) as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         typer.echo(json.dumps(doc, indent=2, ensure_ascii=False, default=str))
     else:

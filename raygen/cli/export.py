@@ -5,20 +5,13 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from raygen.cli.eval import err, fail, out
 from raygen.errors import ConfigError
 
 Opt = typer.Option
-out = Console()
-err = Console(stderr=True)
-
-
-def _fail(exc: Exception) -> None:
-    err.print(Text.assemble(("error", "bold red"), f": {exc}"), highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
 
 
 def export(
@@ -54,7 +47,7 @@ def export(
     from raygen.export.run import ExportOptions, export_run
 
     if over_length not in ("cut", "drop"):
-        _fail(ConfigError(f"--over-length {over_length!r}: choose cut or drop"))
+        fail(ConfigError(f"--over-length {over_length!r}: choose cut or drop"))
     options = ExportOptions(
         fmt=to,
         out=out_dir,
@@ -69,7 +62,7 @@ def export(
     try:
         result = export_run(run_dir, options)
     except (ConfigError, OSError) as exc:
-        _fail(exc)
+        fail(exc)
     _print_result(result)
 
 
