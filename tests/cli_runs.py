@@ -29,6 +29,24 @@ def run_with_config(
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def raygen_ok(*args: str) -> subprocess.CompletedProcess:
+    """``raygen ARGS...`` from the repository root (the examples' configs name files relative to it);
+    asserts it exited 0, with its stderr's tail."""
+    done = subprocess.run(
+        [sys.executable, "-m", "raygen.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env=dict(os.environ),
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
 def read_jsonl(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return [json.loads(line) for p in sorted(paths) for line in Path(p).read_text().splitlines() if line]
 

@@ -6,14 +6,12 @@ the server's ids, and a template check that agrees with them."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import datasets
 import pytest
+from cli_runs import raygen_ok as raygen
 from cli_runs import read_jsonl
 
 from raygen.formats.chat_template import load_tokenizer, render_text
@@ -25,19 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = str(ROOT / "tests" / "data" / "tiny-chat-tokenizer")
 ROWS = 3
 SAMPLES = 4
-
-
-def raygen(*args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, "-m", "raygen.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,  # the example's config names its solutions file relative to the repository
-        env=dict(os.environ),
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done
 
 
 def test_verified_run_exports_token_rows_with_rewards_and_groups(tmp_path):

@@ -9,13 +9,11 @@ record, ``raygen merge --groups`` re-applying filters, ``raygen rescore`` reprod
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from cli_runs import raygen_ok as raygen
 from cli_runs import read_jsonl
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -23,19 +21,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "verified"
 ROWS = 6
-
-
-def raygen(*args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, "-m", "raygen.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,  # the example's config names its solutions file relative to the repository
-        env=dict(os.environ),
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done
 
 
 def all_records(run: Path) -> list[dict]:
