@@ -14,8 +14,8 @@ from rich.text import Text
 from raygen.errors import ConfigError
 
 Opt = typer.Option
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)  # a wrapped line splits paths and breaks grep on logs
+err = Console(stderr=True, soft_wrap=True)
 
 
 def fail(exc: Exception) -> None:

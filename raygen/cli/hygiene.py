@@ -19,8 +19,8 @@ from raygen.errors import ConfigError, InputError
 from raygen.hygiene.scan import HygieneReport, scan_hygiene
 
 Opt = typer.Option
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)  # a wrapped line splits paths and breaks grep on logs
+err = Console(stderr=True, soft_wrap=True)
 
 
 def print_hygiene(report: HygieneReport, console: Console, *, warn_label: str = "warning") -> None:

@@ -52,8 +52,8 @@ app = typer.Typer(
 )
 sim_app = typer.Typer(no_args_is_help=True, help="The built-in OpenAI-compatible simulator.")
 app.add_typer(sim_app, name="sim")
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)  # a wrapped line splits paths and breaks grep on logs
+err = Console(stderr=True, soft_wrap=True)
 
 
 def _fail(exc: Exception) -> None:

@@ -14,7 +14,7 @@ from rich.text import Text
 from raygen.errors import ConfigError, InputError
 from raygen.output.verify_stats import reward_buckets
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def verification_rows(stats: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -79,8 +79,12 @@ def test_validate_names_a_nul_in_a_check_command(tmp_path: Path):
 
     from raygen.cli import main as cli
 
-    path = tmp_path / "prompts.jsonl"
+    # A path longer than the console is wide: the error must name it whole, never wrapped mid-word
+    # (CI's deeper temporary folders once split "prompts.jsonl" across two lines).
+    deep = tmp_path / ("a-long-folder-name-" * 4)
+    deep.mkdir()
+    path = deep / "prompts.jsonl"
     path.write_text(json.dumps({"prompt": "p", "verify": {"command": "pytest\u0000-q"}}) + "\n")
     result = CliRunner().invoke(cli.app, ["validate", str(path)])
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert f"error: {path}:1: verify.command: contains a NUL character" in " ".join(result.output.split())
+    assert f"error: {path}:1: verify.command: contains a NUL character" in result.output
