@@ -208,6 +208,9 @@ class OutputConfig(_Section):
     can cost beyond the sessions in flight (docs/resume.md)."""
     data_shard_records: int = Field(10_000, ge=1)
     """Records per merged ``data/`` shard (Parquet and JSONL)."""
+    merge_processes: int | None = Field(None, ge=1)
+    """Processes of the final merge (the same output, ``raygen/output/merge_parallel.py``); unset: one
+    per core, at most 8, for a local run of 4,000 samples or more (forked before Ray starts), else 1."""
     storage_retry_s: float = Field(60.0, ge=0)
     """Object stores: how long a write keeps retrying (with backoff) while the store is unreachable, the
     records waiting in memory; then the run stops with a one-line error and ``--resume`` continues it.

@@ -17,20 +17,26 @@ for its merge. The work is per record, so it divides:
   was then ~1 s of the driver's CPU per 20,000 records). At most ``2 x processes`` jobs are out at
   once, so memory stays bounded whatever the run's size.
 
-Workers are forked from the driver (see ``_pool``). Object-store runs, the Hermes export (one ordered
-writer) and small runs keep the one-process merge.
+Workers are forked from the driver (see ``_pool``): at the merge, or, in a run, before Ray starts
+(``MergeWorkers.fork``), so that the merge can run while Ray is still up (its shutdown took 1.5 s on
+one node) without forking a process that Ray's threads share. Object-store runs, the Hermes export (one
+ordered writer) and small runs keep the one-process merge.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import itertools
 import json
 import multiprocessing
 import os
+import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -61,26 +67,71 @@ _BYTES_PER_RECORD = 8000
 T = TypeVar("T")
 
 
-def merge_processes(run: RunDir, hermes: object, requested: int | None) -> int:
-    """How many processes the merge of ``run`` uses: ``requested``, or by the cores and the run's size;
-    1 (the one-process merge) for object stores and the Hermes export."""
+def merge_processes(run: RunDir, hermes: object, requested: int | None, records: int | None = None) -> int:
+    """How many processes the merge of ``run`` uses: ``requested``, or by the cores and the run's size
+    (``records``, or estimated from its shards' bytes); 1 (the one-process merge) for object stores and
+    the Hermes export."""
     if not run.is_local or hermes is not None:
         return 1
     if requested is not None:
         return max(1, requested)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    size = sum(entry.size for entry in run.list_shards())
-    return 1 if size < MIN_RECORDS * _BYTES_PER_RECORD else min(cores, MAX_PROCESSES)
+    if records is None:
+        records = sum(entry.size for entry in run.list_shards()) // _BYTES_PER_RECORD
+    return 1 if records < MIN_RECORDS else min(cores, MAX_PROCESSES)
+
+
+@dataclass
+class MergeWorkers:
+    """Merge worker processes forked ahead of the merge; ``fork`` is the only way to get them."""
+
+    pool: ProcessPoolExecutor
+    processes: int
+
+    @classmethod
+    @contextmanager
+    def fork(cls, processes: int) -> Iterator[MergeWorkers]:
+        """``processes`` workers forked now (a fork-context pool starts all of them at its first job),
+        shut down when the block ends, however it ends."""
+        pool = _pool(processes)
+        try:
+            list(pool.map(_ready, range(processes)))
+            yield cls(pool, processes)
+        finally:
+            pool.shutdown(cancel_futures=True)
+
+
+def _ready(_: int) -> int:
+    return os.getpid()
+
+
+@contextmanager
+def _workers(given: MergeWorkers | None, processes: int) -> Iterator[ProcessPoolExecutor]:
+    """``given``'s pool (left running: its owner stops it), or a new one of ``processes``, stopped after."""
+    if given is not None:
+        yield given.pool
+        return
+    with _pool(processes) as pool:
+        yield pool
+
+
+def _start_worker() -> None:
+    # No cyclic garbage collection in the workers: a record's dicts hold no cycles, and the collector
+    # walking tens of thousands of them cost ~15% of the merge's CPU.
+    gc.disable()
+    # Workers forked before a run die with the driver, even by SIGKILL: their siblings hold the pool's
+    # queue open, so they would otherwise wait on it forever (PR_SET_PDEATHSIG, Linux only).
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 
 def _pool(processes: int) -> ProcessPoolExecutor:
     # Forked: a spawned or fork-server worker re-runs the caller's main script (``__mp_main__``), which a
     # notebook or a script without a main guard does not survive. The workers only read shard files and
-    # build tables: they touch none of the driver's threads' state (Ray is stopped by then, or idle).
-    # No cyclic garbage collection in the workers: a record's dicts hold no cycles, and the collector
-    # walking tens of thousands of them cost ~15% of the merge's CPU.
+    # build tables: they touch none of the driver's threads' state (forked before Ray starts or after
+    # it stops).
     context = multiprocessing.get_context("fork")
-    return ProcessPoolExecutor(max_workers=processes, mp_context=context, initializer=gc.disable)
+    return ProcessPoolExecutor(max_workers=processes, mp_context=context, initializer=_start_worker)
 
 
 def _ordered(
@@ -113,14 +164,15 @@ def parallel_finals(
     expected_keys: set[str] | None,
     scan: ShardScanStats,
     processes: int,
+    given: MergeWorkers | None = None,
 ) -> tuple[dict[str, FinalRecord], dict[str, Any]]:
-    """``choose_finals`` over the whole run, in ``processes`` parts."""
+    """``choose_finals`` over the whole run, in ``processes`` parts (on ``given`` workers, if any)."""
     shards = run.list_shards()
     file_order = {entry.path: i for i, entry in enumerate(shards)}
     parts = [shards[i::processes] for i in range(processes)]  # any split: ranks carry the global order
     finals: dict[str, FinalRecord] = {}
     counts: dict[str, Any] = {}
-    with _pool(processes) as pool:
+    with _workers(given, processes) as pool:
         jobs = [(str(run.local_path), part, file_order, filters, expected_keys) for part in parts if part]
         for part_finals, part_counts, part_scan in _ordered(pool, _finals_part, jobs, len(jobs)):
             for name, value in part_counts.items():
@@ -184,6 +236,7 @@ def parallel_write(
     per_shard: int,
     stats: StatsAccumulator,
     processes: int,
+    given: MergeWorkers | None = None,
 ) -> int:
     """What ``_Pass2.write_data`` and ``write_jsonl`` write, the groups built by ``processes`` workers;
     adds to ``stats``. Returns the number of ``data/`` shards."""
@@ -197,7 +250,7 @@ def parallel_write(
             for i, shard in enumerate(_chunks(by_outcome[kind], per_shard))
         ]
     run_path = str(run.local_path)
-    with _pool(processes) as pool:
+    with _workers(given, processes) as pool:
         if len(data) >= processes:  # a data file per worker at a time: the driver only sums statistics
             jobs = ((run_path, kind, stem, shard) for kind, stem, shard in files)
             for file_stats in _ordered(pool, _file_job, jobs, 2 * processes):

@@ -8,8 +8,8 @@ fingerprint, images) is checked before the first model call.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
-from contextlib import ExitStack
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +24,7 @@ from raygen.model.pricing import ModelPricing
 from raygen.output.hermes import hermes_options
 from raygen.output.manifest import build_manifest, utc_now
 from raygen.output.merge import MergeResult, merge_run
+from raygen.output.merge_parallel import MergeWorkers, merge_processes
 from raygen.output.run_dir import MANIFEST_FILE, SHARDS_DIR, STATISTICS_FILE, RunDir
 from raygen.output.run_lock import RunLock
 from raygen.output.writable import check_output_folder, check_run_name
@@ -118,12 +119,30 @@ def _run(
         _forecast(config, checked, plan, reporter)
         return result
     manifest = _start_run_folder(config, run_dir, checked, plan.samples.expected, resumed=resume)
+    workers = held.enter_context(_merge_workers(config, run_dir, len(plan.samples.expected)))
+
+    def merge(live: dict[str, Any]) -> None:
+        result.merge = _merge(config, checked, plan, run_dir, live, reporter, workers)
+
     with Drain(config.retry.drain_timeout_s) as drain:  # SIGTERM/SIGINT/SIGUSR1: finish, merge, exit 75
-        live = _execute(config, checked, plan, run_dir, drain, result, reporter)
-        result.merge = _merge(config, checked, plan, run_dir, live, reporter)
+        _execute(config, checked, plan, run_dir, drain, result, reporter, merge)
         manifest["ended_at"] = utc_now()
         run_dir.write_json(MANIFEST_FILE, manifest)
     return result
+
+
+@contextmanager
+def _merge_workers(config: RunConfig, run_dir: RunDir, records: int) -> Iterator[MergeWorkers | None]:
+    """The merge's worker processes, forked now, before Ray starts: the merge then runs before Ray's
+    shutdown (1.5 s on one node) without forking a process Ray's threads share. None when the merge runs
+    in one process (a small or object-store run, the Hermes export)."""
+    hermes = hermes_options(config, run_dir)
+    processes = merge_processes(run_dir, hermes, config.output.merge_processes, records)
+    if processes < 2:
+        yield None
+        return
+    with MergeWorkers.fork(processes) as workers:
+        yield workers
 
 
 def _open_run_folder(
@@ -259,10 +278,11 @@ def _execute(
     drain: Drain,
     result: RunResult,
     reporter: RunReporter,
-) -> dict[str, Any]:
-    """The pending samples run on Ray (the services started, and stopped however this ends). Sets the
-    result's sessions run and whether the run is incomplete; returns what only the live run knows."""
-    live: dict[str, Any] = {}
+    merge: Callable[[dict[str, Any]], None],
+) -> None:
+    """The pending samples run on Ray (the services started, and stopped however this ends), then
+    ``merge`` with what only the live run knows: before Ray's shutdown, so the data is out sooner. Sets
+    the result's sessions run and whether the run is incomplete."""
     ledger, pending = plan.ledger, plan.pending
     if pending and (spent_line := reached_before_start(config, ledger)) is not None:
         result.incomplete, result.stop_reason = True, spent_line
@@ -273,15 +293,24 @@ def _execute(
             result.sessions_run, live = run_passes(
                 services, plan.pending_samples(), pending, run_dir, ledger, drain
             )
-        left = _samples_left(config, plan)
-        result.incomplete = drain.requested and left > 0
-        if result.incomplete and drain.signal_name == BUDGET_DRAIN:
-            result.stop_reason = reached_line(live["budget"])
-        elif result.incomplete:
-            reporter.note(
-                f"{drain.signal_name}: stopped after the sessions in flight; {left} samples left for --resume"
-            )
-    return live
+            _note_incomplete(config, plan, drain, result, live, reporter)
+            merge(live)
+        return
+    merge({})
+
+
+def _note_incomplete(
+    config: RunConfig, plan: _Plan, drain: Drain, result: RunResult, live: dict[str, Any], reporter: RunReporter
+) -> None:
+    """Whether a drain (a signal or the budget) left samples for ``--resume``, and why."""
+    left = _samples_left(config, plan)
+    result.incomplete = drain.requested and left > 0
+    if result.incomplete and drain.signal_name == BUDGET_DRAIN:
+        result.stop_reason = reached_line(live["budget"])
+    elif result.incomplete:
+        reporter.note(
+            f"{drain.signal_name}: stopped after the sessions in flight; {left} samples left for --resume"
+        )
 
 
 def _samples_left(config: RunConfig, plan: _Plan) -> int:
@@ -297,6 +326,7 @@ def _merge(
     run_dir: RunDir,
     live: dict[str, Any],
     reporter: RunReporter,
+    workers: MergeWorkers | None,
 ) -> MergeResult:
     """The filtered merge of every shard, the leak count, and statistics.json."""
     merge = merge_run(
@@ -305,6 +335,8 @@ def _merge(
         config.output.data_shard_records,
         expected_keys=plan.samples.expected,
         hermes=hermes_options(config, run_dir),
+        processes=config.output.merge_processes,
+        workers=workers,
     )
     leaks = _leak_check(checked.secrets.values, checked.checks.row_secrets, run_dir, reporter)
     merge.stats["hygiene"] = {**checked.hygiene.statistics(), **leaks}

@@ -4,8 +4,14 @@ the same statistics (sums equal up to float rounding: they are added in another 
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -15,6 +21,7 @@ import raygen.output.merge as merge
 import raygen.output.merge_parallel as merge_parallel
 from raygen.config import FilterConfig
 from raygen.output.merge import merge_run
+from raygen.output.merge_parallel import MergeWorkers
 from raygen.output.run_dir import RunDir
 from tests.output.test_merge import build_dataset, trajectory, write_shards
 
@@ -28,6 +35,15 @@ def _close(a: object, b: object, where: str = "") -> None:
         assert math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12), where
     else:
         assert a == b, where
+
+
+def _children(pid: int | None = None) -> set[int]:
+    pid = os.getpid() if pid is None else pid
+    tasks = Path(f"/proc/{pid}/task")
+    found: set[int] = set()
+    for task in tasks.iterdir():
+        found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -51,12 +67,29 @@ def twin_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Pa
     return one, many, expected
 
 
-@pytest.mark.parametrize("per_file", [7, 30], ids=["workers-write-files", "workers-build-row-groups"])
-def test_parallel_merge_writes_what_one_process_writes(twin_runs, per_file):
+@pytest.mark.parametrize(
+    ("per_file", "forked_before"),
+    [(7, False), (30, False), (7, True)],
+    ids=["workers-write-files", "workers-build-row-groups", "workers-forked-before"],
+)
+def test_parallel_merge_writes_what_one_process_writes(twin_runs, per_file, forked_before):
     # 7 a file: 8 data files for 3 workers, each writes whole files; 30: 2 files, groups spread.
+    # forked_before: the workers a run forks before Ray starts (MergeWorkers.fork), used by both passes.
     one, many, expected = twin_runs
     serial = merge_run(one, FilterConfig(), data_shard_records=per_file, expected_keys=expected, processes=1)
-    spread = merge_run(many, FilterConfig(), data_shard_records=per_file, expected_keys=expected, processes=3)
+    with contextlib.ExitStack() as stack:
+        workers = stack.enter_context(MergeWorkers.fork(3)) if forked_before else None
+        pids = _children()
+        spread = merge_run(
+            many,
+            FilterConfig(),
+            data_shard_records=per_file,
+            expected_keys=expected,
+            processes=3,
+            workers=workers,
+        )
+        if forked_before:  # the merge ran on them: no other process was started for it
+            assert len(pids) == 3 and _children() == pids
 
     assert spread.kept and spread.rejected and spread.failed  # every kind of output is exercised
     assert spread.data_shards == serial.data_shards >= 2
@@ -82,3 +115,29 @@ def test_small_local_runs_stay_in_one_process(tmp_path):
     assert merge_parallel.merge_processes(run, None, None) == 1
     assert merge_parallel.merge_processes(run, object(), 4) == 1  # the Hermes export: one ordered writer
     assert merge_parallel.merge_processes(run, None, 4) == 4
+
+
+def test_workers_forked_ahead_are_stopped_with_their_block_and_die_with_a_killed_driver(tmp_path):
+    with MergeWorkers.fork(2) as workers:
+        started = _children()
+        assert len(started) == 2 and workers.processes == 2
+    assert not _children() & started  # the block's end stopped them
+
+    # A driver SIGKILLed mid-run has no block end: its workers must not wait on the pool's queue forever.
+    code = (
+        "import sys, time; from raygen.output.merge_parallel import MergeWorkers\n"
+        "with MergeWorkers.fork(2):\n    print('up', flush=True); time.sleep(60)\n"
+    )
+    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert driver.stdout is not None and driver.stdout.readline().strip() == "up"
+        orphans = _children(driver.pid)
+        assert len(orphans) == 2
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(10)
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{pid}").exists() for pid in orphans) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in orphans if Path(f"/proc/{pid}").exists()]
+    finally:
+        driver.kill()
