@@ -300,7 +300,12 @@ def _execute(
 
 
 def _note_incomplete(
-    config: RunConfig, plan: _Plan, drain: Drain, result: RunResult, live: dict[str, Any], reporter: RunReporter
+    config: RunConfig,
+    plan: _Plan,
+    drain: Drain,
+    result: RunResult,
+    live: dict[str, Any],
+    reporter: RunReporter,
 ) -> None:
     """Whether a drain (a signal or the budget) left samples for ``--resume``, and why."""
     left = _samples_left(config, plan)
