@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from bench.common import MIB, Context, Row, child_env, load_run, run_measured, tail
-from bench.procs import TreeSampler
+from bench.procs import TreeSampler, _read_stat
 
 TASKS = Path("/work/shared/datasets/agent-tasks.jsonl")
 THREE_NODES_UP_TO = 100_000
@@ -222,11 +222,7 @@ def _workers_cpu(workers: Any) -> float:
     """CPU seconds of the merge's forked workers (``MergeWorkers``) so far, from /proc."""
     if workers is None:
         return 0.0
-    total = 0.0
-    for pid in workers.pool._processes:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    return sum(stat[3] for pid in workers.pool._processes if (stat := _read_stat(pid)) is not None)
 
 
 def child(argv: list[str]) -> int:

@@ -279,15 +279,14 @@ def _pass1(
     filters: FilterConfig,
     expected_keys: set[str] | None,
     scan: ShardScanStats,
-    processes: int,
     workers: MergeWorkers | None,
 ) -> tuple[dict[str, list[FinalRecord]], dict[str, int], int | None]:
-    """Pass 1: each sample's final record and outcome (group filters applied), by outcome; the counts;
-    how many expected keys have no record."""
+    """Pass 1 (on ``workers``, if any): each sample's final record and outcome (group filters applied),
+    by outcome; the counts; how many expected keys have no record."""
     from raygen.output.merge_parallel import parallel_finals
 
-    if processes > 1:
-        finals, counts = parallel_finals(run, filters, expected_keys, scan, processes, workers)
+    if workers is not None:
+        finals, counts = parallel_finals(run, filters, expected_keys, scan, workers)
     else:
         finals, counts = choose_finals(run, filters, expected_keys, scan)
     apply_group_filters(finals.values(), filters)  # --groups, --best-of: need every sample's outcome
@@ -302,17 +301,16 @@ def _write_outcomes(
     filters: FilterConfig,
     hermes_writer: HermesWriter | None,
     per_shard: int,
-    processes: int,
     workers: MergeWorkers | None,
 ) -> tuple[_Pass2, int]:
-    """Pass 2: the kept, rejected and failed records into the folders being built (in ``processes``
-    worker processes when more than one); the writer (its statistics) and the number of data shards."""
+    """Pass 2: the kept, rejected and failed records into the folders being built (on ``workers``, if
+    any); the writer (its statistics) and the number of data shards."""
     from raygen.output.merge_parallel import parallel_write
 
     with RecordReader(run_dir=run) as reader:
         writer = _Pass2(reader, filters, hermes_writer)
-        if processes > 1:
-            return writer, parallel_write(run, by_outcome, built, per_shard, writer.stats, processes, workers)
+        if workers is not None:
+            return writer, parallel_write(run, by_outcome, built, per_shard, writer.stats, workers)
         data_shards = writer.write_data(by_outcome[KEPT], built / DATA_DIR, per_shard)
         writer.write_jsonl(by_outcome[REJECTED], built / REJECTED_DIR, REJECTED, per_shard)
         writer.write_jsonl(by_outcome[FAILED], built / FAILED_DIR, FAILED, per_shard)
@@ -338,18 +336,29 @@ def merge_run(
     same output; ``merge_parallel.py``), by default as many as the cores for a large local run;
     ``workers``: processes forked earlier for it (``MergeWorkers.fork``), used when it runs in parallel.
     """
-    from raygen.output.merge_parallel import merge_processes
+    from raygen.output.merge_parallel import merge_processes, workers_for
 
     if data_shard_records < 1:
         raise ValueError("data_shard_records must be >= 1")
     run = RunDir.of(run_dir)
     if run.is_local:
         recover_leftovers(run.local_path)
+    # One set of workers serves both passes (a one-process merge leaves ``workers`` idle).
+    with workers_for(merge_processes(run, hermes, processes), workers) as used:
+        return _merge(run, filters, data_shard_records, expected_keys, hermes, used)
+
+
+def _merge(
+    run: RunDir,
+    filters: FilterConfig,
+    data_shard_records: int,
+    expected_keys: set[str] | None,
+    hermes: HermesOptions | None,
+    workers: MergeWorkers | None,
+) -> MergeResult:
+    """``merge_run``'s two passes and the swap of the outputs into place."""
     scan = ShardScanStats()
-    processes = merge_processes(run, hermes, processes)
-    workers = workers if processes > 1 else None  # a one-process merge leaves them idle
-    processes = workers.processes if workers is not None else processes
-    by_outcome, counts, missing = _pass1(run, filters, expected_keys, scan, processes, workers)
+    by_outcome, counts, missing = _pass1(run, filters, expected_keys, scan, workers)
 
     token = uuid.uuid4().hex[:12]
     built = build_folder(run, token)
@@ -357,7 +366,7 @@ def merge_run(
     hermes_writer = HermesWriter(hermes, hermes_tmp) if hermes is not None else None
     try:
         writer, data_shards = _write_outcomes(
-            run, by_outcome, built, filters, hermes_writer, data_shard_records, processes, workers
+            run, by_outcome, built, filters, hermes_writer, data_shard_records, workers
         )
         stats = writer.stats.to_dict()
         if hermes_writer is not None:

@@ -106,13 +106,16 @@ def _ready(_: int) -> int:
 
 
 @contextmanager
-def _workers(given: MergeWorkers | None, processes: int) -> Iterator[ProcessPoolExecutor]:
-    """``given``'s pool (left running: its owner stops it), or a new one of ``processes``, stopped after."""
-    if given is not None:
-        yield given.pool
-        return
-    with _pool(processes) as pool:
-        yield pool
+def workers_for(processes: int, given: MergeWorkers | None = None) -> Iterator[MergeWorkers | None]:
+    """The workers of a merge in ``processes`` processes: ``given`` (left running: its owner stops
+    them), or ``processes`` forked now and stopped after; None for a one-process merge."""
+    if processes < 2:
+        yield None
+    elif given is not None:
+        yield given
+    else:
+        with MergeWorkers.fork(processes) as workers:
+            yield workers
 
 
 def _start_worker() -> None:
@@ -163,31 +166,30 @@ def parallel_finals(
     filters: FilterConfig,
     expected_keys: set[str] | None,
     scan: ShardScanStats,
-    processes: int,
-    given: MergeWorkers | None = None,
+    workers: MergeWorkers,
 ) -> tuple[dict[str, FinalRecord], dict[str, Any]]:
-    """``choose_finals`` over the whole run, in ``processes`` parts (on ``given`` workers, if any)."""
+    """``choose_finals`` over the whole run, in a part per worker."""
+    processes = workers.processes
     shards = run.list_shards()
     file_order = {entry.path: i for i, entry in enumerate(shards)}
     parts = [shards[i::processes] for i in range(processes)]  # any split: ranks carry the global order
     finals: dict[str, FinalRecord] = {}
     counts: dict[str, Any] = {}
-    with _workers(given, processes) as pool:
-        jobs = [(str(run.local_path), part, file_order, filters, expected_keys) for part in parts if part]
-        for part_finals, part_counts, part_scan in _ordered(pool, _finals_part, jobs, len(jobs)):
-            for name, value in part_counts.items():
-                counts[name] = counts.get(name, 0) + value
-            scan.files += part_scan.files
-            scan.records += part_scan.records
-            scan.unparseable_lines += part_scan.unparseable_lines
-            scan.bad_positions += part_scan.bad_positions
-            for key, final in part_finals.items():
-                current = finals.get(key)
-                if current is not None:
-                    counts["attempts_superseded"] += 1
-                    if final.rank <= current.rank:
-                        continue
-                finals[key] = final
+    jobs = [(str(run.local_path), part, file_order, filters, expected_keys) for part in parts if part]
+    for part_finals, part_counts, part_scan in _ordered(workers.pool, _finals_part, jobs, len(jobs)):
+        for name, value in part_counts.items():
+            counts[name] = counts.get(name, 0) + value
+        scan.files += part_scan.files
+        scan.records += part_scan.records
+        scan.unparseable_lines += part_scan.unparseable_lines
+        scan.bad_positions += part_scan.bad_positions
+        for key, final in part_finals.items():
+            current = finals.get(key)
+            if current is not None:
+                counts["attempts_superseded"] += 1
+                if final.rank <= current.rank:
+                    continue
+            finals[key] = final
     return finals, counts
 
 
@@ -235,11 +237,10 @@ def parallel_write(
     built: Path,
     per_shard: int,
     stats: StatsAccumulator,
-    processes: int,
-    given: MergeWorkers | None = None,
+    workers: MergeWorkers,
 ) -> int:
-    """What ``_Pass2.write_data`` and ``write_jsonl`` write, the groups built by ``processes`` workers;
-    adds to ``stats``. Returns the number of ``data/`` shards."""
+    """What ``_Pass2.write_data`` and ``write_jsonl`` write, the groups built by the workers; adds to
+    ``stats``. Returns the number of ``data/`` shards."""
     data = list(_chunks(by_outcome[KEPT], per_shard)) or [[]]
     files: list[tuple[str, Path, list[FinalRecord]]] = [
         (KEPT, built / DATA_DIR / f"train-{i:05d}-of-{len(data):05d}", shard) for i, shard in enumerate(data)
@@ -249,18 +250,17 @@ def parallel_write(
             (kind, built / folder / f"{kind}-{i:05d}", shard)
             for i, shard in enumerate(_chunks(by_outcome[kind], per_shard))
         ]
-    run_path = str(run.local_path)
-    with _workers(given, processes) as pool:
-        if len(data) >= processes:  # a data file per worker at a time: the driver only sums statistics
-            jobs = ((run_path, kind, stem, shard) for kind, stem, shard in files)
-            for file_stats in _ordered(pool, _file_job, jobs, 2 * processes):
-                stats.merge(file_stats)
-        else:  # few files: row groups spread, written here in order
-            groups = ((run_path, kind, group) for kind, _, shard in files for group in _row_groups(shard))
-            results = _ordered(pool, _group_job, groups, 2 * processes)
-            for kind, stem, shard in files:
-                count = sum(1 for _ in _row_groups(shard))
-                _write_file(kind, stem, itertools.islice(results, count), stats)
+    run_path, pool, processes = str(run.local_path), workers.pool, workers.processes
+    if len(data) >= processes:  # a data file per worker at a time: the driver only sums statistics
+        jobs = ((run_path, kind, stem, shard) for kind, stem, shard in files)
+        for file_stats in _ordered(pool, _file_job, jobs, 2 * processes):
+            stats.merge(file_stats)
+    else:  # few files: row groups spread, written here in order
+        groups = ((run_path, kind, group) for kind, _, shard in files for group in _row_groups(shard))
+        results = _ordered(pool, _group_job, groups, 2 * processes)
+        for kind, stem, shard in files:
+            count = sum(1 for _ in _row_groups(shard))
+            _write_file(kind, stem, itertools.islice(results, count), stats)
     return len(data)
 
 

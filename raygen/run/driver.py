@@ -24,7 +24,7 @@ from raygen.model.pricing import ModelPricing
 from raygen.output.hermes import hermes_options
 from raygen.output.manifest import build_manifest, utc_now
 from raygen.output.merge import MergeResult, merge_run
-from raygen.output.merge_parallel import MergeWorkers, merge_processes
+from raygen.output.merge_parallel import MergeWorkers, merge_processes, workers_for
 from raygen.output.run_dir import MANIFEST_FILE, SHARDS_DIR, STATISTICS_FILE, RunDir
 from raygen.output.run_lock import RunLock
 from raygen.output.writable import check_output_folder, check_run_name
@@ -137,11 +137,7 @@ def _merge_workers(config: RunConfig, run_dir: RunDir, records: int) -> Iterator
     shutdown (1.5 s on one node) without forking a process Ray's threads share. None when the merge runs
     in one process (a small or object-store run, the Hermes export)."""
     hermes = hermes_options(config, run_dir)
-    processes = merge_processes(run_dir, hermes, config.output.merge_processes, records)
-    if processes < 2:
-        yield None
-        return
-    with MergeWorkers.fork(processes) as workers:
+    with workers_for(merge_processes(run_dir, hermes, config.output.merge_processes, records)) as workers:
         yield workers
 
 
