@@ -170,8 +170,17 @@ class GovernorClient:
         return self._closed
 
     async def flush(self) -> None:
-        """Send pending usage now and wait until it is delivered (or has failed)."""
+        """Send pending usage now and wait until it is delivered (or has failed).
+
+        A lease request in flight carries the report taken with it (refusals included), so it is waited
+        for too: without that, a caller that flushed and then asked the governor could find its 429s
+        not yet counted.
+        """
         self._bind()
+        refill = self._refill
+        self._start_flush()
+        if refill is not None:
+            await asyncio.wait([refill])
         self._start_flush()
         while self._flush_task is not None:
             await asyncio.shield(self._flush_task)

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 BACKSTOP_MARGIN_S = 10.0
 """Modal's own exec timeout fires this long after raygen's, in case raygen's kill cannot run."""
 KILL_EXEC_TIMEOUT_S = 60
+SIGKILL_EXIT_CODE = 128 + 9  # how Modal reports a process its exec timeout killed
 
 _apps: dict[tuple[str, str | None], Any] = {}
 """Per process: (app name, environment) -> the looked-up ``modal.App``."""
@@ -225,8 +226,10 @@ class ModalEnvironment(Environment[ModalEnvConfig]):
             collector.cancel()
             with suppress(BaseException):
                 await collector
-        # The SDK reports -1 when its own exec deadline (the backstop) passed first.
-        if timed_out or exit_code is None or exit_code == -1:
+        # The backstop ended it when the SDK's own exec deadline passed first (-1) or Modal's exec timeout
+        # SIGKILLed the group just before our wait gave up (137 at or past the limit: a race under load).
+        backstop = exit_code == -1 or (exit_code == SIGKILL_EXIT_CODE and time.monotonic() - started >= timeout_s)
+        if timed_out or exit_code is None or backstop:
             timed_out, exit_code = True, TIMEOUT_EXIT_CODE
         return exec_result(exit_code, out, err, timed_out, time.monotonic() - started)
 

@@ -207,6 +207,24 @@ async def test_one_429_neither_pauses_nor_cuts_but_three_do():
         await gate.aclose()
 
 
+async def test_flush_waits_for_the_report_a_lease_request_carries():
+    # A lease request already queued when the 429s come takes the report with the refusals in it; flush
+    # must wait for that request too, or a snapshot right after it misses them (CI failed so once).
+    service = GovernorService(GovernorConfig(initial_rpm=600, max_rpm=600, lease_size=4, adaptive=True))
+    gate = GovernorClient(_Distant(service, 0.2), lookahead=False)
+    permits = [await gate.acquire(10) for _ in range(3)]
+    waiting = asyncio.ensure_future(gate.acquire(10))  # wants a slot: a lease request, created first
+    await asyncio.sleep(0)
+    assert gate._refill is not None
+    for permit in permits:  # no await between these and the flush, as in a worker
+        gate.release(permit, status=429, retry_after_s=3.0)
+    await gate.flush()
+    snap = await service.snapshot()
+    assert snap["rate_limited"] == 3 and snap["cuts"] == 1
+    waiting.cancel()
+    await gate.aclose()
+
+
 async def test_exhausted_window_headers_pause_only_after_a_429():
     service = GovernorService(GovernorConfig(initial_rpm=6000, max_rpm=6000, adaptive=True))
     gate = GovernorClient(service, lookahead=False)

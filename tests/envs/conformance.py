@@ -12,7 +12,9 @@ they also hold for container backends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import time
 import uuid
 from collections.abc import Callable
 
@@ -211,13 +213,14 @@ class EnvironmentConformance:
         await asyncio.wait_for(running.wait(), 30)
         pids: list[int] = []
         if self.supports_processes:  # wait until the command is really running
-            for _ in range(300):
-                try:
+            deadline = time.monotonic() + 60
+            while not pids and time.monotonic() < deadline and not task.done():
+                # The shell creates pids.txt before echo writes it: an empty read means "not yet".
+                with contextlib.suppress(FileNotFoundError, ValueError):
                     pids = [int(p) for p in (await env.read_file("pids.txt")).split()]
-                    break
-                except (FileNotFoundError, ValueError):
+                if not pids:
                     await asyncio.sleep(0.05)
-            assert pids, "the command never started"
+            assert pids, "the command never started" + (f": {task.exception()!r}" if task.done() else "")
         else:
             await asyncio.sleep(0.2)
         assert not task.done()

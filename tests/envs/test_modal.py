@@ -230,6 +230,30 @@ async def test_modal_exec_timeout_is_a_backstop_when_raygen_cannot_kill(config, 
         assert await wait_until(lambda: not alive_host_pids([pid]), 10)
 
 
+class _LateWaitAsyncio:
+    """``asyncio`` for the backend, except that ``wait`` gives up a second late (a loaded machine)."""
+
+    def __getattr__(self, name):
+        return getattr(asyncio, name)
+
+    @staticmethod
+    async def wait(tasks, timeout=None):
+        return await asyncio.wait(tasks, timeout=None if timeout is None else timeout + 1.0)
+
+
+async def test_a_sigkill_past_the_limit_that_beats_raygens_wait_is_a_timeout(config, monkeypatch):
+    # Under load Modal's exec timeout can SIGKILL the group (137) before raygen's own wait gives up. The
+    # command here kills itself past its limit while raygen's wait is a second late: still a timeout.
+    monkeypatch.setattr(modal_backend, "BACKSTOP_MARGIN_S", 300.0)
+    monkeypatch.setattr(modal_backend, "asyncio", _LateWaitAsyncio())
+    async with make_modal_env(config) as env:
+        result = await env.exec("sleep 1.3; kill -KILL $$", 1, 1000)
+        assert result.timed_out and result.exit_code == 124
+        assert result.duration_s < 1.9  # the SIGKILL ended it, not raygen's late wait
+        quick = await env.exec("kill -KILL $$", 1, 1000)  # a SIGKILL within the limit is the command's own
+        assert not quick.timed_out and quick.exit_code == 137
+
+
 async def test_missing_image_is_image_unavailable(config, fake_modal):
     env = make_modal_env(config, image="missing/no-such-image:1", session_key="missing-1")
     with pytest.raises(SessionFailure) as caught:
