@@ -228,7 +228,8 @@ class ModalEnvironment(Environment[ModalEnvConfig]):
                 await collector
         # The backstop ended it when the SDK's own exec deadline passed first (-1) or Modal's exec timeout
         # SIGKILLed the group just before our wait gave up (137 at or past the limit: a race under load).
-        backstop = exit_code == -1 or (exit_code == SIGKILL_EXIT_CODE and time.monotonic() - started >= timeout_s)
+        past_limit = time.monotonic() - started >= timeout_s
+        backstop = exit_code == -1 or (exit_code == SIGKILL_EXIT_CODE and past_limit)
         if timed_out or exit_code is None or backstop:
             timed_out, exit_code = True, TIMEOUT_EXIT_CODE
         return exec_result(exit_code, out, err, timed_out, time.monotonic() - started)
