@@ -362,17 +362,16 @@ def marked_processes_of(cluster: dict, name: str) -> list[str]:
 def test_a_budget_reached_mid_run_stops_admission_on_every_node(cluster, tmp_path):
     """One budget for the cluster (issue 25): sessions on both nodes reserve from the same actor, so the
     run stops under the cap plus the measured bound; two budgets, one a node, would spend about twice."""
-    # A budget of ~25 sessions at 4 in flight an actor: ~20 s of spending, so that the second node's actor
-    # (up to ~10 s later on a loaded CI machine) takes part before it is spent; with 0.1 it came too late.
+    # A budget of ~25 sessions at 4 in flight an actor and 2.5 s a call: ~50 s of spending if one actor
+    # spent it alone, so that the second node's actor takes part before it is spent. It starts up to
+    # ~20 s after the first on a loaded CI machine: with 0.1 (and later with 1 s calls) it came too late.
     prompts = 150
     make_dataset(tmp_path / "prompts.jsonl", prompts)
     cap, reserve_price, billed_price = 0.25, 4.0, 5.0
     sim_log = tmp_path / "sim.jsonl"
     billed = {"input": billed_price, "output": billed_price}
     config = {
-        # Slow enough calls that both nodes' actors are up before the budget is spent: with 0.1 s the
-        # actor that started first ran every paid session alone on a loaded machine.
-        "sim": {"latency_s": 1.0, "log_path": str(sim_log), "reported_price": billed},
+        "sim": {"latency_s": 2.5, "log_path": str(sim_log), "reported_price": billed},
         "pricing": {"raygen-sim": {"input": reserve_price, "output": reserve_price}},
         "sampling": {"max_tokens": 256},
         "env": {"type": "local", "root": str(tmp_path / "workdirs")},
