@@ -3,6 +3,7 @@ session and the data), on merge workers forked before Ray started, and stops the
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import shutil
@@ -14,6 +15,7 @@ from rich.console import Console
 import raygen.run.driver as driver
 from raygen.cli.console import ConsoleReporter
 from raygen.config import FilterConfig, RunConfig
+from raygen.output.digests import Compactor
 from raygen.output.merge import merge_run
 
 pytestmark = pytest.mark.ray
@@ -35,18 +37,21 @@ def test_the_run_merges_on_workers_forked_before_ray_and_before_its_shutdown(tmp
         return real_merge(*args, **kwargs)
 
     monkeypatch.setattr(driver, "_merge", watched_merge)
+    # Shards digested as soon as they are written (a run waits 5 s for a shard to settle).
+    monkeypatch.setattr(driver, "Compactor", functools.partial(Compactor, settle_s=0.0, interval_s=0.05))
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_text("".join(json.dumps({"prompt": f"echo row {i}"}) + "\n" for i in range(30)))
     config = RunConfig.model_validate(
         {
             "dataset": str(dataset),
-            "model": {"type": "scripted"},
+            "model": {"type": "scripted", "latency_s": 0.05},  # a run of ~1 s, shards along the way
             "env": {"type": "fake"},
             "ray": {"workers": 1, "sessions_per_worker": 8},
             "output": {
                 "output_dir": str(tmp_path / "runs"),
                 "run_name": "early",
                 "merge_processes": 2,
+                "shard_max_records": 4,  # shards that close during the run (the open one keeps growing)
                 "data_shard_records": 4,  # 8 data files: each of the 2 workers writes whole files
             },
         }
@@ -59,6 +64,8 @@ def test_the_run_merges_on_workers_forked_before_ray_and_before_its_shutdown(tmp
     assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()]  # stopped with the run
     out = result.run_dir.local_path
     assert result.merge is not None and result.merge.kept == 30 and result.merge.data_shards == 8
+    digests = json.loads((out / "statistics.json").read_text())["merge"]["shard_digests"]
+    assert digests["reused"] > 0  # digested during the run, on the same workers
     # What a one-process merge of the same shards writes, byte for byte.
     again = tmp_path / "again"
     shutil.copytree(out, again)

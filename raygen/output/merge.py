@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from raygen.config import FilterConfig
 from raygen.output.card import dataset_card
+from raygen.output.digests import iter_summaries
 from raygen.output.filters import FAILED, KEPT, REJECTED, classify
 from raygen.output.groups import apply_group_filters
 from raygen.output.hermes import HermesOptions, HermesWriter
@@ -48,7 +49,7 @@ from raygen.output.run_dir import (
     RunDir,
 )
 from raygen.output.schema import SCHEMA, to_arrow_table
-from raygen.output.shards import RecordReader, ShardPos, ShardScanStats, iter_shard_records
+from raygen.output.shards import RecordReader, ShardPos, ShardScanStats
 from raygen.output.stats import StatsAccumulator
 from raygen.output.storage import TMP_SUFFIX, Entry
 from raygen.output.summary import summarize
@@ -114,19 +115,21 @@ def choose_finals(
     scan: ShardScanStats,
     shards: list[Entry] | None = None,
     file_order: dict[str, int] | None = None,
+    build_digests: bool = False,
 ) -> tuple[dict[str, FinalRecord], dict[str, int]]:
     """Pass 1 over every shard, or over ``shards`` (a part of ``list_shards`` with ``file_order``, each
-    path's place in the whole list: a parallel merge, ``merge_parallel.py``)."""
+    path's place in the whole list: a parallel merge, ``merge_parallel.py``). Reads each shard's digest
+    where it has a fresh one, and with ``build_digests`` builds those missing (``digests.py``)."""
     finals: dict[str, FinalRecord] = {}
     file_order = {} if file_order is None else file_order
     counts = {"records_read": 0, "invalid_records": 0, "stale": 0, "attempts_superseded": 0, "spent_usd": 0.0}
-    for record, pos in iter_shard_records(run_dir, scan, shards):
+    run = RunDir.of(run_dir)
+    entries = run.list_shards() if shards is None else shards
+    for summary, pos in iter_summaries(run, scan, entries, build=build_digests):
         counts["records_read"] += 1
-        try:
-            summary = summarize(record)
-        except (ValueError, TypeError, AttributeError) as exc:
+        if isinstance(summary, Exception):
             counts["invalid_records"] += 1
-            logger.warning("skipping invalid record %s @%d: %s", pos.path, pos.offset, exc)
+            logger.warning("skipping invalid record %s @%d: %s", pos.path, pos.offset, summary)
             continue
         key = summary.sample_key
         counts["spent_usd"] += summary.cost_usd  # paid for, whether or not the merge keeps it
@@ -241,6 +244,7 @@ def _add_merge_statistics(
         **counts,
         "unparseable_lines": scan.unparseable_lines,
         "shard_files": scan.files,
+        "shard_digests": {"reused": scan.digests_reused, "built": scan.digests_built},
         "missing": missing,
     }
 

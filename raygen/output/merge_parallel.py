@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raygen.config import FilterConfig
+from raygen.output.digests import DigestCache, gather_rows
 from raygen.output.filters import FAILED, KEPT, REJECTED
 from raygen.output.merge import (
     _ROW_GROUP_BYTES,
@@ -157,7 +158,8 @@ def _finals_part(
     run_path: str, shards: list, file_order: dict[str, int], filters: FilterConfig, expected: set[str] | None
 ) -> tuple[dict[str, FinalRecord], dict[str, Any], ShardScanStats]:
     scan = ShardScanStats()
-    finals, counts = choose_finals(RunDir.of(run_path), filters, expected, scan, shards, file_order)
+    run = RunDir.of(run_path)
+    finals, counts = choose_finals(run, filters, expected, scan, shards, file_order, build_digests=True)
     return finals, counts, scan
 
 
@@ -183,6 +185,8 @@ def parallel_finals(
         scan.records += part_scan.records
         scan.unparseable_lines += part_scan.unparseable_lines
         scan.bad_positions += part_scan.bad_positions
+        scan.digests_reused += part_scan.digests_reused
+        scan.digests_built += part_scan.digests_built
         for key, final in part_finals.items():
             current = finals.get(key)
             if current is not None:
@@ -211,24 +215,38 @@ def _row_groups(finals: list[FinalRecord]) -> Iterator[list[FinalRecord]]:
 
 
 def _group_job(
-    run_path: str, kind: str, finals: list[FinalRecord]
+    run_path: str, kind: str, finals: list[FinalRecord], digests: DigestCache | None = None
 ) -> tuple[bytes, pa.Table | None, StatsAccumulator]:
-    """One group: its JSONL bytes, its Arrow table (``data/`` only) and its statistics."""
+    """One group: its JSONL bytes, its Arrow table (``data/`` only) and its statistics. The rows and
+    summaries come from the shards' digests (pass 1 built them), else from the records themselves."""
+    run = RunDir.of(run_path)
+    rows = (digests or DigestCache(run)).rows([final.pos for final in finals])
     stats = StatsAccumulator()
     lines: list[bytes] = []
     records: list[dict[str, Any]] = []
-    with RecordReader(run_dir=RunDir.of(run_path)) as reader:
-        for final in finals:
+    with RecordReader(run_dir=run) as reader:
+        for i, final in enumerate(finals):
             line = reader.read_line(final.pos)
-            record = json.loads(line)
-            stats.add(summarize(record), final.outcome, final.reason)
+            if rows is None:
+                records.append(json.loads(line))
+                summary = summarize(records[-1])
+            else:
+                digest, row = rows[i]
+                summary = digest.summary(row)
+            stats.add(summary, final.outcome, final.reason)
             if kind == REJECTED:
-                record["rejection_reason"] = final.reason
-                line = json.dumps(record, ensure_ascii=False).encode("utf-8")
+                line = _with_reason(line, final.reason)
             lines.append(line + b"\n")
-            records.append(record)
-    table = to_arrow_table(records) if kind == KEPT else None
+    table = None
+    if kind == KEPT:
+        table = to_arrow_table(records) if rows is None else gather_rows(rows)
     return b"".join(lines), table, stats
+
+
+def _with_reason(line: bytes, reason: str | None) -> bytes:
+    record = json.loads(line)
+    record["rejection_reason"] = reason
+    return json.dumps(record, ensure_ascii=False).encode("utf-8")
 
 
 def parallel_write(
@@ -267,7 +285,9 @@ def parallel_write(
 def _file_job(run_path: str, kind: str, stem: Path, finals: list[FinalRecord]) -> StatsAccumulator:
     """One whole output file, written by a worker; its statistics."""
     stats = StatsAccumulator()
-    _write_file(kind, stem, (_group_job(run_path, kind, group) for group in _row_groups(finals)), stats)
+    digests = DigestCache(RunDir.of(run_path))  # a file's groups share its shards' digests
+    groups = (_group_job(run_path, kind, group, digests) for group in _row_groups(finals))
+    _write_file(kind, stem, groups, stats)
     return stats
 
 

@@ -29,7 +29,7 @@ from raygen.output.storage import Entry
 logger = logging.getLogger(__name__)
 
 _WRITER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_MAX_LOGGED_BAD_LINES = 5
+MAX_LOGGED_BAD_LINES = 5
 
 
 def jsonl_safe(json_text: str) -> str:
@@ -212,6 +212,10 @@ class ShardScanStats:
     unparseable_lines: int = 0
     bad_positions: list[ShardPos] = field(default_factory=list)
     """The first few unparseable lines, for messages."""
+    digests_reused: int = 0
+    """Shards read from a digest built earlier (during the run: ``digests.py``) ..."""
+    digests_built: int = 0
+    """... and from one the merge built."""
 
 
 def list_shards(run_dir: RunDir | str | os.PathLike) -> list[Entry]:
@@ -231,11 +235,13 @@ def iter_shard_records(
     run_dir: RunDir | str | os.PathLike,
     stats: ShardScanStats | None = None,
     entries: list[Entry] | None = None,
+    log_bad_lines: bool = True,
 ) -> Iterator[tuple[dict[str, Any], ShardPos]]:
     """Every record of every final shard with its position, in ``list_shards`` order (or of ``entries``,
     a part of that list, e.g. one worker's share of a parallel merge).
 
-    Lines that are not a JSON object are skipped, counted in ``stats`` and logged; blank lines are
+    Lines that are not a JSON object are skipped, counted in ``stats`` and logged (unless not
+    ``log_bad_lines``: a shard digest records them for the merge to log); blank lines are
     skipped silently. Never raises on bad content; raises ``RecordFormatError`` on a record of a newer
     format (a newer raygen wrote this run: reading on would mis-merge it).
     """
@@ -255,9 +261,10 @@ def iter_shard_records(
                 record = _parse(line)
                 if record is None:
                     stats.unparseable_lines += 1
-                    if len(stats.bad_positions) < _MAX_LOGGED_BAD_LINES:
+                    if len(stats.bad_positions) < MAX_LOGGED_BAD_LINES:
                         stats.bad_positions.append(pos)
-                        logger.warning("skipping unparseable shard line %s @%d", path_str, pos.offset)
+                        if log_bad_lines:
+                            logger.warning("skipping unparseable shard line %s @%d", path_str, pos.offset)
                     continue
                 check_format_version(record, f"{path_str}:{number}")
                 stats.records += 1

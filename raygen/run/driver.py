@@ -21,6 +21,7 @@ from raygen.hygiene import HygieneReport, count_secret_leaks
 from raygen.input.rows import Sample
 from raygen.input.validate import DatasetReport
 from raygen.model.pricing import ModelPricing
+from raygen.output.digests import Compactor
 from raygen.output.hermes import hermes_options
 from raygen.output.manifest import build_manifest, utc_now
 from raygen.output.merge import MergeResult, merge_run
@@ -120,8 +121,13 @@ def _run(
         return result
     manifest = _start_run_folder(config, run_dir, checked, plan.samples.expected, resumed=resume)
     workers = held.enter_context(_merge_workers(config, run_dir, len(plan.samples.expected)))
+    compactor = None
+    if workers is not None and config.output.compact_during_run:
+        compactor = held.enter_context(Compactor(run_dir, workers.pool))  # stopped before the workers
 
     def merge(live: dict[str, Any]) -> None:
+        if compactor is not None:
+            compactor.stop()  # the merge digests what it left, on the same workers
         result.merge = _merge(config, checked, plan, run_dir, live, reporter, workers)
 
     with Drain(config.retry.drain_timeout_s) as drain:  # SIGTERM/SIGINT/SIGUSR1: finish, merge, exit 75

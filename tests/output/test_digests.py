@@ -1,0 +1,115 @@
+"""Shard digests (``raygen.output.digests``): built during a run or by the merge's pass 1, they make the
+merge quicker and never different. A stale or broken digest is not used; pass 2 takes its rows from them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import raygen.output.merge as merge
+import raygen.output.merge_parallel as merge_parallel
+from raygen.config import FilterConfig
+from raygen.output.digests import Compactor, digest_path
+from raygen.output.merge import merge_run
+from raygen.output.merge_parallel import MergeWorkers
+from raygen.output.run_dir import RunDir
+from tests.output.test_merge import build_dataset, trajectory, write_shards
+from tests.output.test_merge_parallel import _files
+
+
+@pytest.fixture()
+def twin_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, set[str]]:
+    monkeypatch.setattr(merge, "_ROW_GROUP_RECORDS", 3)
+    monkeypatch.setattr(merge_parallel, "_ROW_GROUP_RECORDS", 3)
+    records, final_kind = build_dataset()
+    records += [trajectory(f"x{i:03d}", 50 + i, "good", attempt=1 + i % 2) for i in range(40)]
+    one = tmp_path / "one"
+    write_shards(one, records, writers=5)
+    (one / "shards" / "manual-000000.jsonl").write_text('not json at all\n{"sample_key": 3}\n')
+    many = tmp_path / "many"
+    shutil.copytree(one, many)  # same files, same modification times: the same shard order
+    return one, many, set(final_kind) | {f"x{i:03d}" for i in range(40)}
+
+
+def _merge(run: Path, expected: set[str], processes: int) -> merge.MergeResult:
+    return merge_run(run, FilterConfig(), data_shard_records=7, expected_keys=expected, processes=processes)
+
+
+def _assert_same_output(one: Path, many: Path) -> None:
+    for folder in ("data", "rejected", "failed"):
+        assert _files(many / folder) == _files(one / folder), folder
+    for path in sorted((one / "data").glob("*.parquet")):
+        assert path.read_bytes() == (many / "data" / path.name).read_bytes(), path.name
+
+
+def test_digests_built_during_the_run_make_the_same_merge(twin_runs, monkeypatch):
+    one, many, expected = twin_runs
+    serial = _merge(one, expected, processes=1)
+    run = RunDir.of(many)
+    shards = run.list_shards()
+    with (
+        MergeWorkers.fork(2) as workers,
+        Compactor(run, workers.pool, settle_s=0.0, interval_s=0.05) as compactor,
+    ):
+        deadline = time.monotonic() + 60
+        while compactor.built < len(shards) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert compactor.built == len(shards)  # each shard once: a digest still fresh is not rebuilt
+    assert not compactor._thread.is_alive()  # stopped with its block, before the workers
+    # One digest is torn, one shard was touched since its digest: neither digest is used.
+    digest_path(run, shards[0].name).write_bytes(b"ARROW1 torn")
+    os.utime(shards[1].path, ns=(shards[1].mtime_ns, shards[1].mtime_ns + 1))
+    shutil.copystat(shards[1].path, one / "shards" / shards[1].name)  # the same shard order in both
+    # Pass 2 takes every data/ row from a digest: building rows from records here would fail.
+    monkeypatch.setattr(merge_parallel, "to_arrow_table", lambda records: 1 / 0)
+    spread = _merge(many, expected, processes=2)
+    stats = run.read_json("statistics.json")["merge"]
+    assert stats["shard_digests"] == {"reused": len(shards) - 2, "built": 2}
+    assert stats["unparseable_lines"] == 1 and stats["invalid_records"] == 1  # as read from the shards
+    for field in ("kept", "rejected", "failed", "records_read", "invalid_records", "attempts_superseded"):
+        assert getattr(spread, field) == getattr(serial, field), field
+    _assert_same_output(one, many)
+    assert pq.ParquetFile(next((many / "data").glob("*.parquet"))).metadata.num_row_groups > 1
+
+
+def test_a_shard_rewritten_after_its_digest_is_read_again(twin_runs):
+    one, many, expected = twin_runs
+    run = RunDir.of(many)
+    with MergeWorkers.fork(2) as workers:
+        Compactor(run, workers.pool, settle_s=0.0).compact_settled()
+    # The run's open shard grows until full: the same name, more records, a new modification time.
+    for folder in (one, many):
+        grown = sorted((folder / "shards").glob("node0-*.jsonl"))[-1]
+        with open(grown, "a", encoding="utf-8") as f:
+            f.write(trajectory("late", 200, "good").model_dump_json() + "\n")
+    expected = expected | {"late"}
+    serial = _merge(one, expected, processes=1)
+    spread = _merge(many, expected, processes=2)
+    assert spread.kept == serial.kept and spread.missing == serial.missing == 0  # "late" is in
+    assert run.read_json("statistics.json")["merge"]["shard_digests"]["built"] == 1
+    _assert_same_output(one, many)
+
+
+def test_the_compactor_leaves_unsettled_shards_and_survives_a_failing_round(twin_runs, caplog):
+    _, many, _ = twin_runs
+    run = RunDir.of(many)
+
+    class BrokenPool:
+        def submit(self, *args):
+            raise RuntimeError("pool gone")
+
+    with MergeWorkers.fork(2) as workers:
+        waiting = Compactor(run, workers.pool, settle_s=3600.0)
+        waiting.compact_settled()
+        assert waiting.built == 0  # every shard changed within the last hour: maybe still growing
+    with Compactor(run, BrokenPool(), settle_s=0.0, interval_s=0.01) as broken:
+        deadline = time.monotonic() + 30
+        while "digesting shards during the run failed" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert "digesting shards during the run failed (the merge will): pool gone" in caplog.text
+    assert broken.built == 0 and not broken._thread.is_alive()
