@@ -6,12 +6,14 @@ build the Parquet row again in pass 2): 204 s after the last of a million sessio
 shard never changes once closed, so that work can be done while the run goes on (``Compactor``) and by
 the merge's pass 1 for the shards the run did not reach; pass 2 then only gathers rows.
 
-A digest is ``RUN_DIR/work/digests/<shard name>.arrow`` (Arrow IPC, lz4), derived from its shard alone:
-one row per valid record (the ``schema.SCHEMA`` columns, the line's offset and length, its
-``SessionSummary`` pickled), the shard's size and modification time and what reading it met (lines that
-were not JSON, records that were not valid) in the metadata. A digest whose shard changed since (the
-run's open shard grows until full), or that cannot be read, is never used: the merge reads the shard
-itself, so a digest can only make the merge quicker, never different (tests/output/test_digests.py).
+A digest is two Arrow IPC files in ``RUN_DIR/work/digests/``, derived from its shard alone:
+``<shard>.rows.arrow`` holds one ``data/`` row (``schema.SCHEMA``, lz4) per valid record, and
+``<shard>.index.arrow`` (written last; small and uncompressed, as pass 1 reads only it) each row's line
+offset and length and its ``SessionSummary`` pickled, with the shard's size and modification time and
+what reading it met (lines that were not JSON, records that were not valid) in its metadata. A digest
+whose shard changed since (the run's open shard grows until full), or whose files cannot be read or do
+not belong together, is never used: the merge reads the shard itself, so a digest can only make the
+merge quicker, never different (tests/output/test_digests.py).
 Digests are a cache: ``work/digests`` may be deleted at any time.
 """
 
@@ -39,22 +41,36 @@ logger = logging.getLogger(__name__)
 
 DIGESTS_DIR = "digests"
 _OFFSET, _LENGTH, _SUMMARY = "_offset", "_length", "_summary"
-_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+_ROWS_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+_INDEX_OPTIONS = pa.ipc.IpcWriteOptions()  # uncompressed: pass 1 maps it and reads three columns
 INVALID_RECORD_ERRORS = (ValueError, TypeError, AttributeError)
 """What ``summarize`` raises on a JSON object that is not a usable record."""
 
 
 def digest_path(run: RunDir, shard_name: str) -> Path:
-    return run.work_dir() / DIGESTS_DIR / f"{shard_name}.arrow"
+    """A digest's index file: positions, summaries and the shard's stamp (written last)."""
+    return run.work_dir() / DIGESTS_DIR / f"{shard_name}.index.arrow"
+
+
+def rows_path(run: RunDir, shard_name: str) -> Path:
+    """A digest's rows file: the ``data/`` rows, lz4-compressed, in the index's order."""
+    return run.work_dir() / DIGESTS_DIR / f"{shard_name}.rows.arrow"
+
+
+def _read_ipc(path: Path) -> tuple[pa.Table, dict[str, Any]]:
+    with pa.memory_map(str(path)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    return table, json.loads(table.schema.metadata[b"raygen_digest"])
 
 
 class Digest:
-    """One shard's digest, memory-mapped (rows are read only when taken)."""
+    """One shard's digest. Pass 1 needs only the index (small, uncompressed, memory-mapped); the rows
+    are read when pass 2 takes them."""
 
-    def __init__(self, table: pa.Table, meta: dict[str, Any]):
-        self.table = table
-        self.meta = meta
-        self._rows: dict[int, int] | None = None
+    def __init__(self, index: pa.Table, meta: dict[str, Any], rows_file: Path):
+        self.index, self.meta, self.rows_file = index, meta, rows_file
+        self._row_of: dict[int, int] | None = None
+        self._rows: pa.Table | None = None
 
     def add_scan(self, scan: ShardScanStats, path: str) -> None:
         """What reading the shard itself would have added to ``scan``."""
@@ -68,38 +84,45 @@ class Digest:
 
     def summaries(self, path: str) -> Iterator[tuple[SessionSummary | Exception, ShardPos]]:
         """Each record's summary (or why it is not a valid record) with its position."""
-        offsets = self.table.column(_OFFSET).to_pylist()
-        lengths = self.table.column(_LENGTH).to_pylist()
-        for offset, length, blob in zip(
-            offsets, lengths, self.table.column(_SUMMARY).to_pylist(), strict=True
-        ):
+        columns = (self.index.column(name).to_pylist() for name in (_OFFSET, _LENGTH, _SUMMARY))
+        for offset, length, blob in zip(*columns, strict=True):
             yield pickle.loads(blob), ShardPos(path, offset, length)
         for offset, length, error in self.meta["invalid"]:
             yield ValueError(error), ShardPos(path, offset, length)
 
     def row(self, offset: int) -> int | None:
         """The row of the record whose line starts at ``offset``."""
-        if self._rows is None:
-            self._rows = {off: i for i, off in enumerate(self.table.column(_OFFSET).to_pylist())}
-        return self._rows.get(offset)
+        if self._row_of is None:
+            self._row_of = {off: i for i, off in enumerate(self.index.column(_OFFSET).to_pylist())}
+        return self._row_of.get(offset)
 
     def summary(self, row: int) -> SessionSummary:
-        summary: SessionSummary = pickle.loads(self.table.column(_SUMMARY)[row].as_py())
+        summary: SessionSummary = pickle.loads(self.index.column(_SUMMARY)[row].as_py())
         return summary
+
+    def rows(self) -> pa.Table | None:
+        """The ``data/`` rows, or None if the rows file is not this index's (torn, or a later build's)."""
+        if self._rows is None:
+            try:
+                table, meta = _read_ipc(self.rows_file)
+            except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+                return None
+            if meta != {"size": self.meta["size"], "mtime_ns": self.meta["mtime_ns"]}:
+                return None
+            self._rows = table
+        return self._rows
 
 
 def load_digest(run: RunDir, shard_path: str, size: int, mtime_ns: int) -> Digest | None:
     """The digest of the shard at ``shard_path`` as it is now (``size``, ``mtime_ns``), or None."""
-    path = digest_path(run, os.path.basename(shard_path))
+    name = os.path.basename(shard_path)
     try:
-        with pa.memory_map(str(path)) as source:
-            table = pa.ipc.open_file(source).read_all()
-        meta = json.loads(table.schema.metadata[b"raygen_digest"])
+        index, meta = _read_ipc(digest_path(run, name))
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
         return None
     if meta.get("size") != size or meta.get("mtime_ns") != mtime_ns:
         return None  # the shard changed since, or another run's shard had this name
-    return Digest(table, meta)
+    return Digest(index, meta, rows_path(run, name))
 
 
 def load_digest_of(run: RunDir, entry: Entry) -> Digest | None:
@@ -123,31 +146,35 @@ def build_digest(run: RunDir, entry: Entry) -> Digest | None:
             offsets.append(pos.offset)
             lengths.append(pos.length)
             summaries.append(pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL))
-        table = to_arrow_table(records)
-        table = table.append_column(_OFFSET, pa.array(offsets, pa.int64()))
-        table = table.append_column(_LENGTH, pa.array(lengths, pa.int64()))
-        table = table.append_column(_SUMMARY, pa.array(summaries, pa.binary()))
+        stamp = {"size": entry.size, "mtime_ns": entry.mtime_ns}
+        _write(rows_path(run, entry.name), to_arrow_table(records), stamp, _ROWS_OPTIONS)
+        index = pa.table(
+            {
+                _OFFSET: pa.array(offsets, pa.int64()),
+                _LENGTH: pa.array(lengths, pa.int64()),
+                _SUMMARY: pa.array(summaries, pa.binary()),
+            }
+        )
         meta = {
-            "size": entry.size,
-            "mtime_ns": entry.mtime_ns,
+            **stamp,
             "records": scan.records,
             "unparseable": scan.unparseable_lines,
             "bad_positions": [[p.offset, p.length] for p in scan.bad_positions],
             "invalid": invalid,
         }
-        table = table.replace_schema_metadata({"raygen_digest": json.dumps(meta)})
-        _write(digest_path(run, entry.name), table)
-    except Exception as exc:
+        _write(digest_path(run, entry.name), index, meta, _INDEX_OPTIONS)  # last: the digest is complete
+    except Exception as exc:  # a digest is only a shortcut: the merge reads the shard
         logger.debug("no digest for %s: %s", entry.path, exc)
         return None
-    return Digest(table, meta)
+    return Digest(index, meta, rows_path(run, entry.name))
 
 
-def _write(path: Path, table: pa.Table) -> None:
+def _write(path: Path, table: pa.Table, meta: dict[str, Any], options: pa.ipc.IpcWriteOptions) -> None:
     # Atomic (temp + rename), not fsynced: a digest torn by a crash fails to load and is rebuilt.
     path.parent.mkdir(parents=True, exist_ok=True)
+    table = table.replace_schema_metadata({"raygen_digest": json.dumps(meta)})
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with pa.OSFile(str(temp), "wb") as sink, pa.ipc.new_file(sink, table.schema, options=_IPC_OPTIONS) as out:
+    with pa.OSFile(str(temp), "wb") as sink, pa.ipc.new_file(sink, table.schema, options=options) as out:
         out.write_table(table)
     os.replace(temp, path)
 
@@ -209,7 +236,7 @@ class DigestCache:
         for pos in positions:
             digest = self.get(pos.path)
             row = None if digest is None else digest.row(pos.offset)
-            if digest is None or row is None:
+            if digest is None or row is None or digest.rows() is None:
                 return None
             found.append((digest, row))
         return found
@@ -221,13 +248,13 @@ def gather_rows(rows: list[tuple[Digest, int]]) -> pa.Table:
     start = 0
     for end in range(1, len(rows) + 1):
         if end == len(rows) or rows[end][0] is not rows[start][0]:
-            digest = rows[start][0]
-            parts.append(digest.table.take(pa.array([row for _, row in rows[start:end]], pa.int64())))
+            table = rows[start][0].rows()
+            assert table is not None  # DigestCache.rows checked it
+            parts.append(table.take(pa.array([row for _, row in rows[start:end]], pa.int64())))
             start = end
     if not parts:
         return SCHEMA.empty_table()
-    table = pa.concat_tables(parts).select(SCHEMA.names).combine_chunks()
-    return pa.Table.from_arrays(table.columns, schema=SCHEMA)
+    return pa.concat_tables(parts).replace_schema_metadata(SCHEMA.metadata)
 
 
 class Compactor:

@@ -81,6 +81,12 @@ class FinalRecord:
     sample_index: int = 0
     reward: float | None = None
 
+    def __reduce__(self) -> tuple[type[FinalRecord], tuple[Any, ...]]:
+        # Pickled by the million between the merge's workers and the driver: rebuilding from the
+        # constructor's arguments pickles in half the time of the slots dataclass's own state methods.
+        fields = (self.rank, self.pos, self.prompt_index, self.outcome, self.reason, self.key)
+        return FinalRecord, (*fields, self.group_id, self.sample_index, self.reward)
+
 
 @dataclass
 class MergeResult:
@@ -340,7 +346,7 @@ def merge_run(
     same output; ``merge_parallel.py``), by default as many as the cores for a large local run;
     ``workers``: processes forked earlier for it (``MergeWorkers.fork``), used when it runs in parallel.
     """
-    from raygen.output.merge_parallel import merge_processes, workers_for
+    from raygen.output.merge_parallel import merge_processes, no_cyclic_gc, workers_for
 
     if data_shard_records < 1:
         raise ValueError("data_shard_records must be >= 1")
@@ -348,7 +354,7 @@ def merge_run(
     if run.is_local:
         recover_leftovers(run.local_path)
     # One set of workers serves both passes (a one-process merge leaves ``workers`` idle).
-    with workers_for(merge_processes(run, hermes, processes), workers) as used:
+    with workers_for(merge_processes(run, hermes, processes), workers) as used, no_cyclic_gc():
         return _merge(run, filters, data_shard_records, expected_keys, hermes, used)
 
 

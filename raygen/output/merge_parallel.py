@@ -119,6 +119,20 @@ def workers_for(processes: int, given: MergeWorkers | None = None) -> Iterator[M
             yield workers
 
 
+@contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """No cyclic garbage collection in the driver while it merges: the merge makes an object or two per
+    record and no cycles, and the collector, run again and again as they pile up, would walk the
+    driver's whole heap each time (at a million samples its ledger and keys are most of a GiB)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _start_worker() -> None:
     # No cyclic garbage collection in the workers: a record's dicts hold no cycles, and the collector
     # walking tens of thousands of them cost ~15% of the merge's CPU.

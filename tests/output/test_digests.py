@@ -8,13 +8,15 @@ import shutil
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import raygen.output.digests as digests
 import raygen.output.merge as merge
 import raygen.output.merge_parallel as merge_parallel
 from raygen.config import FilterConfig
-from raygen.output.digests import Compactor, digest_path
+from raygen.output.digests import Compactor, digest_path, rows_path
 from raygen.output.merge import merge_run
 from raygen.output.merge_parallel import MergeWorkers
 from raygen.output.run_dir import RunDir
@@ -47,7 +49,8 @@ def _assert_same_output(one: Path, many: Path) -> None:
         assert path.read_bytes() == (many / "data" / path.name).read_bytes(), path.name
 
 
-def test_digests_built_during_the_run_make_the_same_merge(twin_runs, monkeypatch):
+@pytest.mark.parametrize("torn", ["index", "rows"])
+def test_digests_built_during_the_run_make_the_same_merge(twin_runs, monkeypatch, torn):
     one, many, expected = twin_runs
     serial = _merge(one, expected, processes=1)
     run = RunDir.of(many)
@@ -61,15 +64,20 @@ def test_digests_built_during_the_run_make_the_same_merge(twin_runs, monkeypatch
             time.sleep(0.05)
     assert compactor.built == len(shards)  # each shard once: a digest still fresh is not rebuilt
     assert not compactor._thread.is_alive()  # stopped with its block, before the workers
-    # One digest is torn, one shard was touched since its digest: neither digest is used.
-    digest_path(run, shards[0].name).write_bytes(b"ARROW1 torn")
+    # One shard was touched since its digest: its digest is not used.
     os.utime(shards[1].path, ns=(shards[1].mtime_ns, shards[1].mtime_ns + 1))
     shutil.copystat(shards[1].path, one / "shards" / shards[1].name)  # the same shard order in both
-    # Pass 2 takes every data/ row from a digest: building rows from records here would fail.
-    monkeypatch.setattr(merge_parallel, "to_arrow_table", lambda records: 1 / 0)
+    if torn == "index":  # pass 1 rebuilds it; then pass 2 takes every data/ row from a digest
+        digest_path(run, shards[0].name).write_bytes(b"ARROW1 torn")
+        monkeypatch.setattr(merge_parallel, "to_arrow_table", lambda records: 1 / 0)
+    else:  # rows files torn, or not of their index's build: pass 2 reads those records themselves
+        rows_path(run, shards[0].name).write_bytes(b"ARROW1 torn")
+        other_build = pa.ipc.open_file(pa.memory_map(str(rows_path(run, shards[2].name)))).read_all()
+        digests._write(rows_path(run, shards[2].name), other_build, {"size": 1, "mtime_ns": 1}, None)
     spread = _merge(many, expected, processes=2)
     stats = run.read_json("statistics.json")["merge"]
-    assert stats["shard_digests"] == {"reused": len(shards) - 2, "built": 2}
+    rebuilt = 2 if torn == "index" else 1  # a rows file alone is not rebuilt: pass 2 reads the shard
+    assert stats["shard_digests"] == {"reused": len(shards) - rebuilt, "built": rebuilt}
     assert stats["unparseable_lines"] == 1 and stats["invalid_records"] == 1  # as read from the shards
     for field in ("kept", "rejected", "failed", "records_read", "invalid_records", "attempts_superseded"):
         assert getattr(spread, field) == getattr(serial, field), field
