@@ -25,6 +25,8 @@ Scenarios (``--only`` takes these names, or ``governor`` for the first two):
   ceiling     N prompts (--prompts, 20,000) at zero model and environment cost: time per phase (checks,
               Ray start, sessions, merge), sessions/s, CPU and peak RSS of the driver, the control actor
               and the governor (the one-per-run pieces)
+  ceiling_resume  the ceiling run (--prompts, 200,000) stopped by SIGTERM at about half, then --resume:
+              the drain's time, what each invocation ran, every key in the output exactly once
   durability  SIGKILL of an actor and of the driver's process group at random moments, with stragglers,
               then --resume: sessions re-sent / sessions in flight at the kill, from the simulator's log
 Raw figures go to WORK/results.json. Run it in a loopback-only namespace (``make bench``).
@@ -65,6 +67,7 @@ ORDER = [
     "proxy",
     "hermes",
     "ceiling",
+    "ceiling_resume",
     "durability",
 ]
 
@@ -72,6 +75,7 @@ ORDER = [
 def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
     from bench import (
         ceiling,
+        ceiling_resume,
         convlen,
         docker_fleet,
         durability,
@@ -102,6 +106,7 @@ def _scenarios() -> dict[str, Callable[[Context], list[Row]]]:
         "proxy": proxy.run,
         "hermes": hermes_runs.run,
         "ceiling": ceiling.run,
+        "ceiling_resume": ceiling_resume.run,
         "durability": durability.run,
     }
 

@@ -4,7 +4,7 @@ environment, 2 actors x 256 sessions), so that only raygen's one-per-run pieces 
 pre-launch checks, Ray's start, the run control actor, the governor service, the driver's sink, the merge.
 
 The run is ``raygen.run.driver.run`` (what the CLI calls) in a child process (``python -m bench.ceiling
-CONFIG DATASET STAMPS``) that stamps its phases: the checks (launch to the hygiene report: imports,
+CONFIG DATASET STAMPS [resume]``) that stamps its phases: the checks (launch to the hygiene report: imports,
 validation + hygiene in one read), the plan and Ray's start (to Ray Data's actor note), the sessions (to
 the last session's end, from the records), the merge (``merge_run`` wrapped) and what follows it (the leak
 count, statistics). Every process of its tree is sampled from /proc; the driver (the child itself), the
@@ -232,6 +232,7 @@ def _workers_cpu(workers: Any) -> float:
 def child(argv: list[str]) -> int:
     """The run itself, stamping its phases into ``argv[2]``."""
     config_path, dataset, stamps_path = Path(argv[0]), argv[1], Path(argv[2])
+    resume = argv[3:] == ["resume"]  # bench/ceiling_resume.py's second invocation
     import raygen.run.driver as driver
     from raygen.configfile import load_config
     from raygen.run.reporter import RunReporter
@@ -282,11 +283,11 @@ def child(argv: list[str]) -> int:
     driver.merge_run = timed_merge  # type: ignore[assignment]
     driver.run_passes = timed_passes  # type: ignore[assignment]
     config = load_config(config_path, {"dataset": dataset})
-    result = driver.run(config, reporter=Stamping())
+    result = driver.run(config, reporter=Stamping(), resume=resume)
     stamp("returned")
     stats = result.merge.stats["counts"] if result.merge else {}
-    stamps_path.write_text(json.dumps({**stamps, "counts": stats}))
-    return 0
+    stamps_path.write_text(json.dumps({**stamps, "counts": stats, "sessions_run": result.sessions_run}))
+    return 75 if result.incomplete else 0  # as `raygen run` exits after a drain
 
 
 if __name__ == "__main__":

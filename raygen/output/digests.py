@@ -26,6 +26,7 @@ import pickle
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -290,8 +291,10 @@ class Compactor:
         while not self._stopping.wait(self.interval_s):
             try:
                 self.compact_settled()
-            except Exception as exc:
+            except Exception as exc:  # never the run's end: the merge digests what this leaves
                 logger.warning("digesting shards during the run failed (the merge will): %s", exc)
+                if isinstance(exc, BrokenProcessPool):
+                    return  # a worker died: every later job would fail the same way
 
     def compact_settled(self) -> None:
         """One round: the shards settled since the last, in batches, until done or stopped."""

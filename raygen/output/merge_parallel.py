@@ -29,6 +29,7 @@ import ctypes
 import gc
 import itertools
 import json
+import logging
 import multiprocessing
 import os
 import signal
@@ -58,6 +59,8 @@ from raygen.output.schema import SCHEMA, to_arrow_table
 from raygen.output.shards import RecordReader, ShardScanStats
 from raygen.output.stats import StatsAccumulator
 from raygen.output.summary import summarize
+
+logger = logging.getLogger(__name__)
 
 MIN_RECORDS = 4000
 """Below this many shard records (estimated from bytes) one process is quicker than starting workers."""
@@ -89,6 +92,11 @@ class MergeWorkers:
     pool: ProcessPoolExecutor
     processes: int
 
+    @property
+    def broken(self) -> bool:
+        """Whether a worker died (the pool then refuses every job)."""
+        return bool(getattr(self.pool, "_broken", False))  # the executor's own flag; no public API
+
     @classmethod
     @contextmanager
     def fork(cls, processes: int) -> Iterator[MergeWorkers]:
@@ -109,11 +117,15 @@ def _ready(_: int) -> int:
 @contextmanager
 def workers_for(processes: int, given: MergeWorkers | None = None) -> Iterator[MergeWorkers | None]:
     """The workers of a merge in ``processes`` processes: ``given`` (left running: its owner stops
-    them), or ``processes`` forked now and stopped after; None for a one-process merge."""
+    them), or ``processes`` forked now and stopped after; None for a one-process merge, or when
+    ``given`` are broken (one died, e.g. killed for memory): the merge then runs in this process rather
+    than fork while a run's Ray threads are up."""
     if processes < 2:
         yield None
     elif given is not None:
-        yield given
+        if given.broken:
+            logger.warning("a merge worker died: merging in one process")
+        yield None if given.broken else given
     else:
         with MergeWorkers.fork(processes) as workers:
             yield workers

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -121,3 +122,24 @@ def test_the_compactor_leaves_unsettled_shards_and_survives_a_failing_round(twin
             time.sleep(0.01)
     assert "digesting shards during the run failed (the merge will): pool gone" in caplog.text
     assert broken.built == 0 and not broken._thread.is_alive()
+
+
+def test_a_dead_merge_worker_stops_the_compactor_and_the_merge_runs_in_one_process(twin_runs, caplog):
+    one, many, expected = twin_runs
+    serial = _merge(one, expected, processes=1)
+    with MergeWorkers.fork(2) as workers:
+        os.kill(next(iter(workers.pool._processes)), signal.SIGKILL)  # e.g. the kernel's OOM killer
+        deadline = time.monotonic() + 30
+        while not workers.broken and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert workers.broken
+        with Compactor(RunDir.of(many), workers.pool, settle_s=0.0, interval_s=0.01) as compactor:
+            compactor._thread.join(30)
+            assert not compactor._thread.is_alive()  # it gave up on its own, once
+        spread = merge_run(
+            many, FilterConfig(), data_shard_records=7, expected_keys=expected, processes=2, workers=workers
+        )
+    assert "a merge worker died: merging in one process" in caplog.text
+    assert caplog.text.count("digesting shards during the run failed") == 1
+    assert (spread.kept, spread.rejected, spread.failed) == (serial.kept, serial.rejected, serial.failed)
+    _assert_same_output(one, many)
