@@ -21,22 +21,8 @@ from raygen.output.digests import Compactor, digest_path, rows_path
 from raygen.output.merge import merge_run
 from raygen.output.merge_parallel import MergeWorkers
 from raygen.output.run_dir import RunDir
-from tests.output.test_merge import build_dataset, trajectory, write_shards
+from tests.output.test_merge import trajectory
 from tests.output.test_merge_parallel import _files
-
-
-@pytest.fixture()
-def twin_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, set[str]]:
-    monkeypatch.setattr(merge, "_ROW_GROUP_RECORDS", 3)
-    monkeypatch.setattr(merge_parallel, "_ROW_GROUP_RECORDS", 3)
-    records, final_kind = build_dataset()
-    records += [trajectory(f"x{i:03d}", 50 + i, "good", attempt=1 + i % 2) for i in range(40)]
-    one = tmp_path / "one"
-    write_shards(one, records, writers=5)
-    (one / "shards" / "manual-000000.jsonl").write_text('not json at all\n{"sample_key": 3}\n')
-    many = tmp_path / "many"
-    shutil.copytree(one, many)  # same files, same modification times: the same shard order
-    return one, many, set(final_kind) | {f"x{i:03d}" for i in range(40)}
 
 
 def _merge(run: Path, expected: set[str], processes: int) -> merge.MergeResult:
