@@ -27,12 +27,13 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from raygen.output.run_dir import RunDir
+from raygen.output.run_dir import SHARD_SUFFIX, SHARDS_DIR, RunDir
 from raygen.output.schema import SCHEMA, to_arrow_table
 from raygen.output.shards import MAX_LOGGED_BAD_LINES, ShardPos, ShardScanStats, iter_shard_records
 from raygen.output.storage import Entry
@@ -271,7 +272,8 @@ class Compactor:
         self.run, self.pool = run, pool
         self.settle_s, self.interval_s, self.batch = settle_s, interval_s, batch
         self.built = 0
-        self._seen: dict[str, tuple[int, int]] = {}
+        self._seen: set[str] = set()
+        """Shards digested (or tried) by this compactor."""
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="raygen-compactor", daemon=True)
 
@@ -298,15 +300,27 @@ class Compactor:
 
     def compact_settled(self) -> None:
         """One round: the shards settled since the last, in batches, until done or stopped."""
-        settled_before = time.time_ns() - int(self.settle_s * 1e9)
-        due = [
-            entry
-            for entry in self.run.list_shards()
-            if entry.mtime_ns < settled_before and self._seen.get(entry.name) != (entry.size, entry.mtime_ns)
-        ]
+        due = self._settled_new_shards()
         for start in range(0, len(due), self.batch):
             if self._stopping.is_set():
                 return
             batch = due[start : start + self.batch]
             self.built += self.pool.submit(digest_shards, str(self.run.local_path), batch).result()
-            self._seen.update((entry.name, (entry.size, entry.mtime_ns)) for entry in batch)
+            self._seen.update(entry.name for entry in batch)
+
+    def _settled_new_shards(self) -> list[Entry]:
+        """Shards not digested yet that have not changed for ``settle_s``, oldest first. Only their
+        names are listed for the others (a million-sample run has ~16,000 shards; statting them all
+        every round cost the driver's thread ~0.03 ms a session): a digested shard that changes later
+        (rare once settled) is caught by the merge, which checks every digest against its shard."""
+        settled_before = time.time_ns() - int(self.settle_s * 1e9)
+        due: list[Entry] = []
+        with os.scandir(self.run.local_path / SHARDS_DIR) as listing:
+            for item in listing:
+                if item.name in self._seen or not item.name.endswith(SHARD_SUFFIX) or item.name[0] == ".":
+                    continue
+                with suppress(OSError):  # gone since the listing: nothing to digest
+                    stat = item.stat()
+                    if stat.st_mtime_ns < settled_before:
+                        due.append(Entry(item.path, item.name, stat.st_mtime_ns, stat.st_size))
+        return sorted(due, key=lambda entry: (entry.mtime_ns, entry.name))
