@@ -215,7 +215,7 @@ class OutputConfig(_Section):
     """With a parallel merge (``merge_processes``): digest each closed shard on the merge's workers while
     the run goes on, one at a time, so the merge at the end reads columns instead of parsing every
     record twice (``raygen/output/digests.py``; at most one core meanwhile; ``RUN_DIR/work/digests``,
-    about the shards' size, a cache that may be deleted)."""
+    about a quarter of the shards' size, a cache that may be deleted)."""
     storage_retry_s: float = Field(60.0, ge=0)
     """Object stores: how long a write keeps retrying (with backoff) while the store is unreachable, the
     records waiting in memory; then the run stops with a one-line error and ``--resume`` continues it.

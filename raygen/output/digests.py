@@ -232,13 +232,14 @@ class DigestCache:
         self._digests[shard_path] = digest  # re-insert: dict order is the LRU order
         return digest
 
-    def rows(self, positions: list[ShardPos]) -> list[tuple[Digest, int]] | None:
-        """Each position's digest and row, or None if any has none."""
+    def rows(self, positions: list[ShardPos], data_rows: bool = True) -> list[tuple[Digest, int]] | None:
+        """Each position's digest and row, or None if any has none (with ``data_rows``: or none whose
+        ``data/`` rows can be read; rejected and failed records need only the summaries)."""
         found: list[tuple[Digest, int]] = []
         for pos in positions:
             digest = self.get(pos.path)
             row = None if digest is None else digest.row(pos.offset)
-            if digest is None or row is None or digest.rows() is None:
+            if digest is None or row is None or (data_rows and digest.rows() is None):
                 return None
             found.append((digest, row))
         return found

@@ -246,7 +246,7 @@ def _group_job(
     """One group: its JSONL bytes, its Arrow table (``data/`` only) and its statistics. The rows and
     summaries come from the shards' digests (pass 1 built them), else from the records themselves."""
     run = RunDir.of(run_path)
-    rows = (digests or DigestCache(run)).rows([final.pos for final in finals])
+    rows = (digests or DigestCache(run)).rows([final.pos for final in finals], data_rows=kind == KEPT)
     stats = StatsAccumulator()
     lines: list[bytes] = []
     records: list[dict[str, Any]] = []
