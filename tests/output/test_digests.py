@@ -22,7 +22,12 @@ from raygen.output.merge import merge_run
 from raygen.output.merge_parallel import MergeWorkers
 from raygen.output.run_dir import RunDir
 from tests.output.test_merge import trajectory
-from tests.output.test_merge_parallel import _files
+from tests.output.test_merge_parallel import _files, make_twin_runs
+
+
+@pytest.fixture()
+def twin_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, set[str]]:
+    return make_twin_runs(tmp_path, monkeypatch)
 
 
 def _merge(run: Path, expected: set[str], processes: int) -> merge.MergeResult:

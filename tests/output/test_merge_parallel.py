@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,12 +17,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+import raygen.output.merge as merge
 import raygen.output.merge_parallel as merge_parallel
 from raygen.config import FilterConfig
 from raygen.output.merge import merge_run
 from raygen.output.merge_parallel import MergeWorkers
 from raygen.output.run_dir import RunDir
-from tests.output.test_merge import build_dataset, write_shards
+from tests.output.test_merge import build_dataset, trajectory, write_shards
 
 
 def _close(a: object, b: object, where: str = "") -> None:
@@ -46,6 +48,29 @@ def _children(pid: int | None = None) -> set[int]:
 
 def _files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix == ".jsonl"}
+
+
+def make_twin_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, set[str]]:
+    """Two copies of one run folder (shards from 5 writers, retries, a stale key, a bad shard) and its
+    expected keys: one merged one way, the other another."""
+    # Row groups of 3 records, so a data shard has several and their order across workers shows.
+    monkeypatch.setattr(merge, "_ROW_GROUP_RECORDS", 3)
+    monkeypatch.setattr(merge_parallel, "_ROW_GROUP_RECORDS", 3)
+    records, final_kind = build_dataset()
+    records += [trajectory(f"x{i:03d}", 50 + i, "good", attempt=1 + i % 2) for i in range(40)]
+    records += [trajectory("stale", 99, "good")]  # not an expected key
+    one = tmp_path / "one"
+    write_shards(one, records, writers=5)
+    (one / "shards" / "manual-000000.jsonl").write_text('not json at all\n{"sample_key": 3}\n')
+    many = tmp_path / "many"
+    shutil.copytree(one, many)  # same files, same modification times: the same shard order
+    expected = set(final_kind) | {f"x{i:03d}" for i in range(40)}
+    return one, many, expected
+
+
+@pytest.fixture()
+def twin_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, set[str]]:
+    return make_twin_runs(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize(
