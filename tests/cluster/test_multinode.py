@@ -363,6 +363,7 @@ def _spend_to_the_cap(cluster: dict, folder: Path, prompts: int, cap: float) -> 
     """A run of ``prompts`` under ``--max-cost cap``: its records, what the simulator billed, and the
     run's budget statistics."""
     reserve_price, billed_price = 4.0, 5.0
+    folder.mkdir()
     make_dataset(folder / "prompts.jsonl", prompts)
     sim_log = folder / "sim.jsonl"
     billed = {"input": billed_price, "output": billed_price}
@@ -374,7 +375,7 @@ def _spend_to_the_cap(cluster: dict, folder: Path, prompts: int, cap: float) -> 
         "ray": {"workers": 2, "sessions_per_worker": SESSIONS_PER_WORKER},
         "output": {"output_dir": str(folder / "runs"), "run_name": "budget"},
     }
-    (folder / "workdirs").mkdir(parents=True)
+    (folder / "workdirs").mkdir()
     (folder / "run.yaml").write_text(yaml.safe_dump(config))
     cmd = raygen_cmd(folder / "prompts.jsonl", folder / "run.yaml", cluster, "--max-cost", str(cap))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=cluster["env"], timeout=900)
