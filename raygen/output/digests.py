@@ -37,7 +37,7 @@ from raygen.output.run_dir import SHARD_SUFFIX, SHARDS_DIR, RunDir
 from raygen.output.schema import SCHEMA, to_arrow_table
 from raygen.output.shards import MAX_LOGGED_BAD_LINES, ShardPos, ShardScanStats, iter_shard_records
 from raygen.output.storage import Entry
-from raygen.output.summary import SessionSummary, summarize
+from raygen.output.summary import INVALID_RECORD_ERRORS, SessionSummary, summarize
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +45,6 @@ DIGESTS_DIR = "digests"
 _OFFSET, _LENGTH, _SUMMARY = "_offset", "_length", "_summary"
 _ROWS_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 _INDEX_OPTIONS = pa.ipc.IpcWriteOptions()  # uncompressed: pass 1 maps it and reads three columns
-INVALID_RECORD_ERRORS = (ValueError, TypeError, AttributeError)
-"""What ``summarize`` raises on a JSON object that is not a usable record."""
 
 
 def digest_path(run: RunDir, shard_name: str) -> Path:

@@ -207,12 +207,7 @@ def parallel_finals(
     for part_finals, part_counts, part_scan in _ordered(workers.pool, _finals_part, jobs, len(jobs)):
         for name, value in part_counts.items():
             counts[name] = counts.get(name, 0) + value
-        scan.files += part_scan.files
-        scan.records += part_scan.records
-        scan.unparseable_lines += part_scan.unparseable_lines
-        scan.bad_positions += part_scan.bad_positions
-        scan.digests_reused += part_scan.digests_reused
-        scan.digests_built += part_scan.digests_built
+        scan.add(part_scan)
         for key, final in part_finals.items():
             current = finals.get(key)
             if current is not None:

@@ -217,6 +217,15 @@ class ShardScanStats:
     digests_built: int = 0
     """... and from one the merge built."""
 
+    def add(self, other: ShardScanStats) -> None:
+        """Count what ``other`` (another part of the same merge) read."""
+        self.files += other.files
+        self.records += other.records
+        self.unparseable_lines += other.unparseable_lines
+        self.bad_positions += other.bad_positions
+        self.digests_reused += other.digests_reused
+        self.digests_built += other.digests_built
+
 
 def list_shards(run_dir: RunDir | str | os.PathLike) -> list[Entry]:
     """``RunDir.list_shards``: final shard files in read order (modification time, then name)."""

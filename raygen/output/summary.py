@@ -99,6 +99,11 @@ def _int(value: Any) -> int:
     return int(value or 0)
 
 
+INVALID_RECORD_ERRORS = (ValueError, TypeError, AttributeError)
+"""What ``summarize`` raises on a JSON object that is not a usable record: the merge and the ledger both
+skip such a record, so they agree on what a run folder holds."""
+
+
 def summarize(record: dict[str, Any] | Trajectory) -> SessionSummary:
     """Derive the summary of a record (a Trajectory or its JSON dict).
 

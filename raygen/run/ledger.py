@@ -21,7 +21,7 @@ from raygen.errors import RETRYABLE, UNCOUNTED, failure_kind, is_failure_status
 from raygen.formats.records import Trajectory
 from raygen.input.rows import Sample
 from raygen.output.shards import iter_shard_records
-from raygen.output.summary import summarize
+from raygen.output.summary import INVALID_RECORD_ERRORS, summarize
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class Ledger:
         for record, pos in iter_shard_records(run_dir):
             try:
                 summary = summarize(record)
-            except (ValueError, TypeError, AttributeError) as exc:
+            except INVALID_RECORD_ERRORS as exc:
                 log.warning("ledger: ignoring invalid record %s @%d: %s", pos.path, pos.offset, exc)
                 continue
             ledger.records += 1
