@@ -174,6 +174,17 @@ def cluster():
         assert not left, f"processes of the test cluster survived it: {left}"
 
 
+@pytest.fixture(autouse=True)
+def _revive_killed_nodes(request):
+    """A node a test killed is started again after it: the module's later tests need all three (the
+    budget test failed twice in CI after the kill test had killed w1, the other node with local
+    sandboxes, so only the head could spend)."""
+    yield
+    cluster = request.node.funcargs.get("cluster")
+    for name in sorted(cluster.pop("killed", ())) if cluster else ():
+        revive_node(cluster, name)
+
+
 def make_dataset(path: Path, count: int) -> list[dict]:
     """``count`` distinct prompts cycling through the examples."""
     base = [json.loads(line) for line in EXAMPLES.read_text().splitlines() if line.strip()]
@@ -319,6 +330,7 @@ def kill_node(cluster: dict, name: str) -> None:
     pass until none is left (a raylet may start a worker meanwhile). The group alone was not enough once:
     Ray runs workers in their own process groups, and a session actor outlived its raylet by seconds
     (under load) and still delivered results, so "killed" must mean every process of the node at once."""
+    cluster.setdefault("killed", set()).add(name)
     leader = cluster["procs"][name].pid
     tag = f"{NODE_VARIABLE}={node_tag(cluster, name)}".encode()
     with contextlib.suppress(ProcessLookupError):
@@ -352,6 +364,22 @@ def kill_node(cluster: dict, name: str) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
+
+
+def revive_node(cluster: dict, name: str) -> None:
+    """Start a killed node again and wait until the cluster has it back under a new node id and no
+    longer counts the dead one as alive (Ray notices a dead raylet only once its health checks fail)."""
+    old_id = cluster["node_ids"][name]
+    cluster["procs"][name] = start_node(name, list(NODES).index(name), cluster)
+    deadline = time.monotonic() + 300
+    while True:
+        nodes = wait_nodes(cluster, len(NODES))
+        ids = [n["node_id"] for n in nodes if f"rg_node_{name}" in n["resources"]]
+        if old_id not in ids and len(ids) == 1:
+            cluster["node_ids"][name] = ids[0]
+            return
+        assert time.monotonic() < deadline, f"node {name} did not come back: {nodes}"
+        time.sleep(2)
 
 
 def marked_processes_of(cluster: dict, name: str) -> list[str]:
