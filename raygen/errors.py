@@ -80,6 +80,11 @@ class InputError(RaygenError):
         return self.message
 
 
+class ClusterLost(RaygenError):
+    """The Ray cluster lost a piece the whole run depends on (the run's control actor, with its node: the
+    head's, or Ray itself). What is durable stays; ``--resume`` goes on once the cluster is back."""
+
+
 class MissingExtraError(RaygenError, ImportError):
     """An optional dependency is not installed."""
 

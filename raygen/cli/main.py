@@ -42,7 +42,7 @@ from raygen.cli.run_flags import RunFlags
 from raygen.cli.verify import verification_table
 from raygen.config import RunConfig
 from raygen.configfile import load_config
-from raygen.errors import ConfigError, InputError
+from raygen.errors import ClusterLost, ConfigError, InputError
 from raygen.output.storage import StorageError
 from raygen.output.writable import storage_failure
 from raygen.run.drain import EXIT_RESUMABLE, StopNow
@@ -94,6 +94,9 @@ def run(flags: RunFlags) -> None:
         _fail(exc)
     except StopNow as exc:  # a second signal during a drain: what is durable stays, --resume goes on
         err.print(f"{exc}; resume with --resume", highlight=False)
+        raise typer.Exit(EXIT_RESUMABLE) from None
+    except ClusterLost as exc:  # the head (or the driver's node) died mid-run: what is durable stays
+        err.print(Text.assemble(("error", "bold red"), f": {exc}; --resume continues once it is back"))
         raise typer.Exit(EXIT_RESUMABLE) from None
     except StorageError as exc:  # the run's storage stayed unreachable: what is stored stays
         err.print(Text.assemble(("error", "bold red"), f": {exc}; --resume continues once it is back"))

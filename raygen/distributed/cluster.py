@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -58,7 +60,11 @@ def ensure_ray(
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         node_ip = "127.0.0.1" if _is_loopback(address) else None  # None: Ray finds the address
         runtime_env = {"env_vars": {"RAY_USAGE_STATS_ENABLED": os.environ["RAY_USAGE_STATS_ENABLED"]}}
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, _node_ip_address=node_ip)
+        _check_reachable(address)
+        try:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, _node_ip_address=node_ip)
+        except ConnectionError as exc:  # e.g. the head refused this driver's token: one line, no traceback
+            raise ConfigError(f"cannot join the Ray cluster at {address}: {exc}") from exc
         return True
     # No runtime_env here: the local Ray's processes are this process's children and inherit its
     # environment (so these defaults too), and a job runtime_env makes every task and actor wait for
@@ -81,6 +87,30 @@ def ensure_ray(
             _metrics_export_port=metrics_export_port or None,
         )
     return True
+
+
+HEAD_WAIT_S = 20.0
+"""How long a driver waits for the head's port to accept connections (a head still starting)."""
+
+
+def _check_reachable(address: str, wait_s: float = HEAD_WAIT_S) -> None:
+    """Fail in one line when nothing listens at ``host:port``: ``ray.init`` itself waits forever for a
+    GCS that is not there (measured: still waiting after 240 s, printing a warning every 5 s)."""
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not port.isdigit():
+        return  # ray:// (Ray Client), "auto" and the like: Ray finds the head, and reports its own errors
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+            return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise ConfigError(
+                    f"cannot join the Ray cluster at {address}: nothing accepted a connection there in"
+                    f" {wait_s:.0f} s ({exc.strerror or exc}); is its head up?"
+                ) from exc
+            time.sleep(1)
 
 
 @contextmanager

@@ -27,6 +27,7 @@ from raygen.distributed.cluster import session_actor_resources
 from raygen.distributed.control import start_control
 from raygen.distributed.plan import WorkerPlan
 from raygen.distributed.worker import SessionWorker
+from raygen.errors import ClusterLost
 from raygen.input.rows import Sample
 from raygen.output.summary import SessionSummary
 
@@ -156,20 +157,31 @@ def run_pipeline(
 
 
 class _ControlCalls:
-    """The driver's blocking calls to the run's control actor (``RunControl``)."""
+    """The driver's blocking calls to the run's control actor (``RunControl``). The actor lives on the
+    driver's node: when it is gone, so is that node (or Ray), and the run cannot go on."""
 
     def __init__(self, actor: ActorHandle):
         self._actor = actor
 
     def take(self, wait_s: float) -> list[tuple[str, str]]:
-        taken: list[tuple[str, str]] = ray.get(self._actor.take.remote(wait_s))
+        taken: list[tuple[str, str]] = self._get(self._actor.take.remote(wait_s))
         return taken
 
     def state(self) -> dict[str, Any]:
-        return cast(dict[str, Any], ray.get(self._actor.state.remote()))  # Ray's stubs type it a list
+        return cast(dict[str, Any], self._get(self._actor.state.remote()))  # Ray's stubs type it a list
 
     def drain(self) -> None:
-        ray.get(self._actor.drain.remote())
+        self._get(self._actor.drain.remote())
+
+    @staticmethod
+    def _get(ref: ray.ObjectRef) -> Any:
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as exc:  # one line for the user, not Ray's traceback
+            raise ClusterLost(
+                f"the run's control actor is gone ({type(exc).__name__}): the driver's Ray node, or the"
+                " cluster's head, left the cluster"
+            ) from exc
 
 
 def collect_records(
