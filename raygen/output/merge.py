@@ -48,7 +48,7 @@ from raygen.output.run_dir import (
     TRAJECTORIES_FILE,
     RunDir,
 )
-from raygen.output.schema import SCHEMA, to_arrow_table
+from raygen.output.schema import PARQUET_OPTIONS, SCHEMA, to_arrow_table
 from raygen.output.shards import RecordReader, ShardPos, ShardScanStats
 from raygen.output.stats import StatsAccumulator
 from raygen.output.storage import TMP_SUFFIX, Entry
@@ -199,7 +199,7 @@ class _Pass2:
         for i, shard in enumerate(shards):
             stem = out / f"train-{i:05d}-of-{len(shards):05d}"
             with (
-                pq.ParquetWriter(stem.with_suffix(".parquet"), SCHEMA, compression="zstd") as parquet,
+                pq.ParquetWriter(stem.with_suffix(".parquet"), SCHEMA, **PARQUET_OPTIONS) as parquet,
                 open(stem.with_suffix(".jsonl"), "wb") as jsonl,
             ):
                 batch: list[dict[str, Any]] = []

@@ -55,7 +55,7 @@ from raygen.output.merge import (
     choose_finals,
 )
 from raygen.output.run_dir import DATA_DIR, FAILED_DIR, REJECTED_DIR, RunDir
-from raygen.output.schema import SCHEMA, to_arrow_table
+from raygen.output.schema import PARQUET_OPTIONS, SCHEMA, to_arrow_table
 from raygen.output.shards import RecordReader, ShardScanStats
 from raygen.output.stats import StatsAccumulator
 from raygen.output.summary import summarize
@@ -320,7 +320,7 @@ def _write_file(
 ) -> None:
     parquet = None
     if kind == KEPT:
-        parquet = pq.ParquetWriter(stem.with_suffix(".parquet"), SCHEMA, compression="zstd")
+        parquet = pq.ParquetWriter(stem.with_suffix(".parquet"), SCHEMA, **PARQUET_OPTIONS)
     try:
         with open(stem.with_suffix(".jsonl"), "wb") as jsonl:
             for lines, table, group_stats in results:

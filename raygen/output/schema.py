@@ -143,6 +143,42 @@ SCHEMA = pa.schema(
     ]
 )
 
+_TEXT_COLUMNS = frozenset(
+    {"error", "conversations", "messages", "metadata", "mcp_servers", "tool_stats", "tool_error_counts"}
+    | {"verification", "artifacts", "turns", "loss_mask", "agent", "threads"}
+)
+"""Top-level columns of long or many-valued text or numbers (a trajectory's own content)."""
+
+
+def _leaf_paths(schema: pa.Schema) -> list[str]:
+    """Parquet's dotted column paths of ``schema``'s leaves (``conversations.list.element.value``)."""
+    paths: list[str] = []
+
+    def walk(path: str, type_: pa.DataType) -> None:
+        if pa.types.is_struct(type_):
+            for child in type_:
+                walk(f"{path}.{child.name}", child.type)
+        elif pa.types.is_list(type_):
+            walk(f"{path}.list.element", type_.value_type)
+        else:
+            paths.append(path)
+
+    for field in schema:
+        walk(field.name, field.type)
+    return paths
+
+
+PARQUET_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    # No dictionary pages: zstd compresses the few-valued columns as well, and for the long text ones
+    # the writer built a dictionary only to drop it (-20% of the merge's Parquet CPU, files ~10% smaller,
+    # measured on 10,000 ceiling records).
+    "use_dictionary": False,
+    # Min/max statistics (for readers' filters) on the short columns only, not on trajectory text.
+    "write_statistics": [p for p in _leaf_paths(SCHEMA) if p.split(".")[0] not in _TEXT_COLUMNS],
+}
+"""How ``data/`` Parquet files are written (the one-process and the parallel merge alike)."""
+
 # Defaults for missing struct members come from the record models, so they cannot drift apart.
 _STRUCT_DEFAULTS = {name: model().model_dump() for name, model in _STRUCT_MODELS.items()}
 

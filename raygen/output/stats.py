@@ -48,6 +48,13 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
+def _add_counts(counter: Counter, counts: dict[str, int]) -> None:
+    """``counter.update(counts)`` for a plain dict, without its type checks: run per record by the merge,
+    and these dicts are mostly empty."""
+    for key, count in counts.items():
+        counter[key] += count
+
+
 @dataclass
 class _Bucket:
     """Sums for one group of sessions (the whole run or one category)."""
@@ -90,7 +97,7 @@ class _Bucket:
             sums[0] += stat.get("count", 0)
             sums[1] += stat.get("success", 0)
             sums[2] += stat.get("failure", 0)
-        self.tool_errors.update(s.tool_error_counts)
+        _add_counts(self.tool_errors, s.tool_error_counts)
         self.turns_with += s.reasoning_with
         self.turns_without += s.reasoning_without
         self.sessions_with_any += s.reasoning_with > 0
@@ -103,7 +110,7 @@ class _Bucket:
         if outcome == FAILED:
             self.cost_failed[reason or failure_kind(s.exit_status) or "unknown"] += s.cost_usd
         self.cost_sources[s.cost_source or "none"] += 1
-        self.safety_labels.update(s.safety_labels)
+        _add_counts(self.safety_labels, s.safety_labels)
         self.sessions_with_labels += bool(s.safety_labels)
 
     def merge(self, o: _Bucket) -> None:
