@@ -138,6 +138,7 @@ def build_digest(run: RunDir, entry: Entry) -> Digest | None:
     scan = ShardScanStats()
     records, offsets, lengths, summaries = [], [], [], []
     invalid: list[tuple[int, int, str]] = []
+    fingerprints: set[str] = set()
     try:
         for record, pos in iter_shard_records(run, scan, [entry], log_bad_lines=False):
             try:
@@ -146,6 +147,8 @@ def build_digest(run: RunDir, entry: Entry) -> Digest | None:
                 invalid.append((pos.offset, pos.length, str(exc)))
                 continue
             records.append(record)
+            if record.get("config_fingerprint"):
+                fingerprints.add(str(record["config_fingerprint"]))
             offsets.append(pos.offset)
             lengths.append(pos.length)
             summaries.append(pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL))
@@ -164,6 +167,7 @@ def build_digest(run: RunDir, entry: Entry) -> Digest | None:
             "unparseable": scan.unparseable_lines,
             "bad_positions": [[p.offset, p.length] for p in scan.bad_positions],
             "invalid": invalid,
+            "config_fingerprints": sorted(fingerprints),  # for a resume's ledger (scan_summaries)
         }
         _write(digest_path(run, entry.name), index, meta, _INDEX_OPTIONS)  # last: the digest is complete
     except Exception as exc:  # a digest is only a shortcut: the merge reads the shard
@@ -210,6 +214,32 @@ def iter_summaries(
                 yield summarize(record), pos
             except INVALID_RECORD_ERRORS as exc:
                 yield exc, pos
+
+
+def scan_summaries(
+    run: RunDir, fingerprints: set[str]
+) -> Iterator[tuple[SessionSummary | Exception, ShardPos]]:
+    """Every record's summary (or why it is not a valid record) with its position, as a resume's ledger
+    reads a run, adding the valid records' ``config_fingerprint`` to ``fingerprints``. From the digests
+    where they are valid (a pickled summary is ~10x cheaper than parsing its record), else from the
+    shards; builds none (a resume starts no merge workers)."""
+    scan = ShardScanStats()
+    for entry in run.list_shards():
+        digest = load_digest_of(run, entry) if run.is_local else None
+        if digest is not None and "config_fingerprints" in digest.meta:  # older digests lack them
+            fingerprints.update(digest.meta["config_fingerprints"])
+            digest.add_scan(scan, entry.path)
+            yield from digest.summaries(entry.path)
+            continue
+        for record, pos in iter_shard_records(run, scan, [entry]):
+            try:
+                summary = summarize(record)
+            except INVALID_RECORD_ERRORS as exc:
+                yield exc, pos
+                continue
+            if record.get("config_fingerprint"):
+                fingerprints.add(str(record["config_fingerprint"]))
+            yield summary, pos
 
 
 class DigestCache:

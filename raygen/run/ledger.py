@@ -20,8 +20,8 @@ from pathlib import Path
 from raygen.errors import RETRYABLE, UNCOUNTED, failure_kind, is_failure_status
 from raygen.formats.records import Trajectory
 from raygen.input.rows import Sample
-from raygen.output.shards import iter_shard_records
-from raygen.output.summary import INVALID_RECORD_ERRORS, summarize
+from raygen.output.digests import scan_summaries
+from raygen.output.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -58,21 +58,18 @@ class Ledger:
     spent_tokens: int = 0
 
     @classmethod
-    def scan(cls, run_dir: Path) -> Ledger:
-        """Read every shard of ``run_dir``; unreadable lines and invalid records are ignored, exactly
-        as the merge ignores them."""
+    def scan(cls, run_dir: Path | RunDir) -> Ledger:
+        """Read every shard of ``run_dir`` (through the shard digests a run's compaction wrote, where
+        they are valid); unreadable lines and invalid records are ignored, exactly as the merge ignores
+        them."""
         ledger = cls()
-        for record, pos in iter_shard_records(run_dir):
-            try:
-                summary = summarize(record)
-            except INVALID_RECORD_ERRORS as exc:
-                log.warning("ledger: ignoring invalid record %s @%d: %s", pos.path, pos.offset, exc)
+        for summary, pos in scan_summaries(RunDir.of(run_dir), ledger.config_fingerprints):
+            if isinstance(summary, Exception):
+                log.warning("ledger: ignoring invalid record %s @%d: %s", pos.path, pos.offset, summary)
                 continue
             ledger.records += 1
             ledger.spent_usd += summary.cost_usd
             ledger.spent_tokens += summary.prompt_tokens + summary.completion_tokens
-            if record.get("config_fingerprint"):
-                ledger.config_fingerprints.add(str(record["config_fingerprint"]))
             ledger.record(summary.sample_key, summary.attempt, summary.exit_status)
         return ledger
 

@@ -3,6 +3,7 @@ merge quicker and never different. A stale or broken digest is not used; pass 2 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -21,7 +22,8 @@ from raygen.output.digests import Compactor, digest_path, rows_path
 from raygen.output.merge import merge_run
 from raygen.output.merge_parallel import MergeWorkers
 from raygen.output.run_dir import RunDir
-from tests.output.test_merge import trajectory
+from raygen.run.ledger import Ledger
+from tests.output.test_merge import build_dataset, trajectory, write_shards
 from tests.output.test_merge_parallel import _files, make_twin_runs
 
 
@@ -134,3 +136,45 @@ def test_a_dead_merge_worker_stops_the_compactor_and_the_merge_runs_in_one_proce
     assert caplog.text.count("digesting shards during the run failed") == 1
     assert (spread.kept, spread.rejected, spread.failed) == (serial.kept, serial.rejected, serial.failed)
     _assert_same_output(one, many)
+
+
+def _ledger_state(ledger: Ledger) -> tuple:
+    keys = {
+        key: (s.attempts, s.succeeded, s.last_failure, s.uncounted, s.reopened_until)
+        for key, s in ledger.keys.items()
+    }
+    return keys, ledger.records, round(ledger.spent_usd, 12), ledger.spent_tokens, ledger.config_fingerprints
+
+
+def test_a_resumes_ledger_reads_the_digests_as_it_reads_the_shards(tmp_path, monkeypatch):
+    """``Ledger.scan`` (a resume's read of the run) takes the summaries and config fingerprints from the
+    digests where they are valid, the rest from the shards, and comes to the same state."""
+    records, _ = build_dataset()
+    for i, record in enumerate(records):
+        record.config_fingerprint = f"fp-{i % 3}"
+        record.cost_usd = 0.001 * (i + 1)
+    one = tmp_path / "one"
+    write_shards(one, records, writers=3)
+    (one / "shards" / "manual-000000.jsonl").write_text('not json at all\n{"sample_key": 3}\n')
+    many = tmp_path / "many"
+    shutil.copytree(one, many)
+    run = RunDir.of(many)
+    shards = run.list_shards()
+    assert all(digests.build_digest(run, entry) is not None for entry in shards)
+    # A digest written before digests held the fingerprints: that shard is read itself.
+    index, meta = digests._read_ipc(digest_path(run, shards[0].name))
+    del meta["config_fingerprints"]
+    digests._write(digest_path(run, shards[0].name), index, meta, None)
+    parsed: list[str] = []
+    summarize = digests.summarize
+    monkeypatch.setattr(
+        digests, "summarize", lambda record: parsed.append(record["sample_key"]) or summarize(record)
+    )
+    from_digests = Ledger.scan(many)
+    old_digests_shard = (many / "shards" / shards[0].name).read_text().splitlines()
+    assert parsed == [json.loads(line)["sample_key"] for line in old_digests_shard]
+    parsed.clear()
+    from_shards = Ledger.scan(one)  # no digests there
+    assert len(parsed) > len(shards)
+    assert from_shards.config_fingerprints == {"fp-0", "fp-1", "fp-2"}
+    assert _ledger_state(from_digests) == _ledger_state(from_shards)
