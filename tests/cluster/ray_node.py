@@ -10,7 +10,7 @@ this process only and keeps loopback addresses as given, then runs the ordinary 
 ``python tests/cluster/ray_node.py wait-nodes ADDRESS N TIMEOUT_S`` joins as a short-lived driver, waits
 until N nodes are alive and prints them as JSON (node id, resources) on a line starting ``RAYGEN_NODES=``,
 so tests need no Ray in-process.
-Tests import ``free_port_block`` and ``marked_processes`` from here.
+Tests import ``free_port_block``, ``marked_processes`` and ``wait_unmarked`` from here.
 """
 
 from __future__ import annotations
@@ -64,6 +64,14 @@ def marked_processes(mark: str) -> list[str]:
         if cmdline:  # zombies have none: they are dead, only not yet reaped
             found.append(f"{proc.name}: {cmdline[:160]}")
     return found
+
+
+def wait_unmarked(mark: str, timeout_s: float) -> list[str]:
+    """The processes marked ``mark`` still alive after up to ``timeout_s`` (empty: all gone)."""
+    deadline = time.monotonic() + timeout_s
+    while (left := marked_processes(mark)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
 
 
 NODES_PREFIX = "RAYGEN_NODES="

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_runs import read_jsonl
-from ray_node import MARK_VARIABLE, free_port_block, marked_processes
+from ray_node import MARK_VARIABLE, free_port_block, wait_unmarked
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -131,10 +131,7 @@ def test_a_head_lost_mid_run_exits_resumable_and_resume_finishes(tmp_path):
             driver.communicate()
         if head.poll() is None:
             kill_head(head)
-        deadline = time.monotonic() + 30
-        while marked_processes(mark) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = marked_processes(mark)
+        left = wait_unmarked(mark, 30)
         shutil.rmtree(tmp, ignore_errors=True)
         assert not left, f"processes survived the test: {left}"
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_runs import read_jsonl
-from ray_node import MARK_VARIABLE, NODES_PREFIX, free_port_block, marked_processes
+from ray_node import MARK_VARIABLE, NODES_PREFIX, free_port_block, marked_processes, wait_unmarked
 
 NODE_VARIABLE = "RAYGEN_TEST_NODE"
 """Names the node a process belongs to (Ray workers inherit their raylet's environment)."""
@@ -166,10 +166,7 @@ def cluster():
     finally:
         for proc in reversed(state["procs"].values()):
             stop_group(proc)
-        deadline = time.monotonic() + 30
-        while marked_processes(mark) and time.monotonic() < deadline:
-            time.sleep(1)
-        left = marked_processes(mark)
+        left = wait_unmarked(mark, 30)
         shutil.rmtree(tmp, ignore_errors=True)
         assert not left, f"processes of the test cluster survived it: {left}"
 

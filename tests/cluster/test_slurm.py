@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_runs import read_jsonl
-from ray_node import MARK_VARIABLE, free_port_block, marked_processes
+from ray_node import MARK_VARIABLE, free_port_block, marked_processes, wait_unmarked
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.slow]
 
@@ -120,14 +120,6 @@ def submit_until_a_record(config: Path, out: Path, env: dict, run: Path) -> str:
     return job_id
 
 
-def wait_gone(mark: str, timeout_s: float) -> list[str]:
-    """The job's processes still alive after up to ``timeout_s`` (empty: all gone)."""
-    deadline = time.monotonic() + timeout_s
-    while (left := marked_processes(mark)) and time.monotonic() < deadline:
-        time.sleep(1)
-    return left
-
-
 def test_sbatch_runs_the_dataset_on_two_nodes_and_cleans_up(slurm, tmp_path):
     env, mark = job_env(slurm, "run", tmp_path / "ray-logs")
     # The head offers no sandbox: every session must run on the worker node that srun started.
@@ -150,7 +142,7 @@ def test_sbatch_runs_the_dataset_on_two_nodes_and_cleans_up(slurm, tmp_path):
     assert "2 Ray node(s) up" in log
     head, worker = node_id(env, "rg1"), node_id(env, "rg2")
     assert head != worker and {r["env"]["node"] for r in kept} == {worker}
-    assert not wait_gone(mark, 30), "processes of the job survived it"
+    assert not wait_unmarked(mark, 30), "processes of the job survived it"
 
 
 def test_scancel_mid_run_leaves_no_ray_process(slurm, tmp_path):
@@ -169,7 +161,7 @@ def test_scancel_mid_run_leaves_no_ray_process(slurm, tmp_path):
         time.sleep(1)
     assert job_id not in squeue(env)
     # Nothing the job started is left: batch script, raygen, simulator, Ray nodes and their workers.
-    assert not wait_gone(mark, 30), "processes of the cancelled job survived it"
+    assert not wait_unmarked(mark, 30), "processes of the cancelled job survived it"
     done = len(read_jsonl(shards.glob("*.jsonl")))
     assert done < 20, "the run finished before the cancel: nothing was tested"
     assert "done (exit code" in read(out)  # the script's own cleanup ran
@@ -196,7 +188,7 @@ def test_usr1_drains_requeues_and_the_job_finishes_every_prompt_once(slurm, tmp_
     while job_id in squeue(env) and time.monotonic() < deadline:
         time.sleep(1)
     assert job_id not in squeue(env)
-    assert not wait_gone(mark, 30), "processes of the job survived it"
+    assert not wait_unmarked(mark, 30), "processes of the job survived it"
 
     records = read_jsonl(run.glob("data/*.jsonl")) + read_jsonl(run.glob("rejected/*.jsonl"))
     records += read_jsonl(run.glob("failed/*.jsonl"))
