@@ -278,8 +278,8 @@ class DigestCache:
 
 def gather_rows(rows: list[tuple[Digest, int]]) -> pa.Table:
     """The ``data/`` rows at ``rows``, in that order, as one table with exactly ``SCHEMA``. A run of
-    consecutive rows of one digest is a slice (no copy: the usual case, a shard's records all kept in
-    its order); others are taken."""
+    consecutive rows of one digest is a slice (no copy); others are taken (the output's prompt order is
+    rarely the order sessions finished in, so taking is the common case)."""
     parts: list[pa.Table] = []
     start = 0
     for end in range(1, len(rows) + 1):
