@@ -43,7 +43,7 @@ def start_head(tmp: Path, port: int, env: dict) -> subprocess.Popen:
     argv += [f"--metrics-export-port={port + 4}", f"--runtime-env-agent-port={port + 5}"]
     argv += [f"--min-worker-port={port + 10}", f"--max-worker-port={port + 60}"]
     log = (tmp / "head.log").open("a")
-    head_env = {**env, HEAD_VARIABLE: "1"}
+    head_env = {**env, HEAD_VARIABLE: env[MARK_VARIABLE]}
     head = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=head_env, start_new_session=True)
     wait = [sys.executable, str(RAY_NODE), "wait-nodes", f"127.0.0.1:{port}", "1", "120"]
     waited = subprocess.run(wait, capture_output=True, text=True, env=env, timeout=150)
@@ -52,15 +52,15 @@ def start_head(tmp: Path, port: int, env: dict) -> subprocess.Popen:
 
 
 HEAD_VARIABLE = "RAYGEN_TEST_HEAD"
-"""Set in the head's environment only: its Ray workers inherit it, the raygen driver does not."""
+"""Set (to the test's mark) in the head's environment only: its Ray workers inherit it, the driver not."""
 
 
-def kill_head(proc: subprocess.Popen) -> None:
+def kill_head(proc: subprocess.Popen, mark: str) -> None:
     """SIGKILL the head's group and every process carrying its variable (Ray workers run in their own
     process groups), pass after pass until none is left."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    tag = f"{HEAD_VARIABLE}=1".encode()
+    tag = f"{HEAD_VARIABLE}={mark}".encode()
     for _ in range(50):
         pids = []
         for entry in Path("/proc").iterdir():
@@ -106,7 +106,7 @@ def test_a_head_lost_mid_run_exits_resumable_and_resume_finishes(tmp_path):
             assert driver.poll() is None, driver.communicate()[1][-4000:]
             assert time.monotonic() < deadline, "no session finished in time"
             time.sleep(0.3)
-        kill_head(head)
+        kill_head(head, mark)
         killed = time.monotonic()
         _, stderr = driver.communicate(timeout=120)
         took = time.monotonic() - killed
@@ -130,7 +130,7 @@ def test_a_head_lost_mid_run_exits_resumable_and_resume_finishes(tmp_path):
             driver.kill()
             driver.communicate()
         if head.poll() is None:
-            kill_head(head)
+            kill_head(head, mark)
         left = wait_unmarked(mark, 30)
         shutil.rmtree(tmp, ignore_errors=True)
         assert not left, f"processes survived the test: {left}"
