@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -25,6 +26,7 @@ import ray
 
 from raygen.config import RayConfig
 from raygen.envs import environment_class
+from raygen.envs.processes import kill_processes_naming
 from raygen.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -72,21 +74,45 @@ def ensure_ray(
     # instead of 1.3-2.8 s; a whole run's start-up is mostly Ray's own process starts, bench `startup`).
     for key, value in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    # A short private temp dir: Ray's unix socket paths must stay under 107 bytes, and a stale
-    # /tmp/ray/ray_current_cluster from a killed run must not be joined by accident.
-    temp_dir = tempfile.mkdtemp(prefix="rg-ray-", dir="/tmp")
-    with _quiet_token_auth_notice():
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            _node_ip_address="127.0.0.1",
-            include_dashboard=False,
-            _temp_dir=temp_dir,
-            log_to_driver=False,
-            configure_logging=False,
-            _metrics_export_port=metrics_export_port or None,
-        )
+    _start_local_ray(num_cpus, metrics_export_port)
     return True
+
+
+def _start_local_ray(num_cpus: int | None, metrics_export_port: int | None) -> None:
+    """A private local Ray, started a second time if the first start timed out: Ray gives its raylet a
+    fixed 30 s to register, which a loaded machine missed (a CI run with 4 test processes on 2 cores)."""
+    for attempt in (1, 2):
+        # A short private temp dir: Ray's unix socket paths must stay under 107 bytes, and a stale
+        # /tmp/ray/ray_current_cluster from a killed run must not be joined by accident.
+        temp_dir = tempfile.mkdtemp(prefix="rg-ray-", dir="/tmp")
+        try:
+            with _quiet_token_auth_notice():
+                ray.init(
+                    address="local",
+                    num_cpus=num_cpus,
+                    _node_ip_address="127.0.0.1",
+                    include_dashboard=False,
+                    _temp_dir=temp_dir,
+                    log_to_driver=False,
+                    configure_logging=False,
+                    _metrics_export_port=metrics_export_port or None,
+                )
+            _private_temp_dirs.append(temp_dir)
+            return
+        except Exception as exc:
+            if attempt == 2 or RAY_START_TIMEOUT_TEXT not in str(exc):
+                raise
+            log.warning("Ray's local start timed out (a busy machine?); starting it once more")
+            kill_processes_naming(temp_dir)  # what the failed start left running: nobody owns it
+            ray.shutdown()  # whatever of its state ray.init had set
+
+
+_private_temp_dirs: list[str] = []
+"""The temp dir of the local Ray this process started (Ray's logs, ~4 MB a run): removed by
+``shutdown_ray`` unless the run failed (1,000 of them had piled up in /tmp here)."""
+
+RAY_START_TIMEOUT_TEXT = "timed out during startup"
+"""In the exception ``ray.init`` raises when its raylet did not register in time (ray/_private/node.py)."""
 
 
 HEAD_WAIT_S = 20.0
@@ -129,12 +155,14 @@ def _quiet_token_auth_notice() -> Iterator[None]:
         notices.setLevel(level)
 
 
-def shutdown_ray() -> None:
-    """Stop this process's Ray. A second signal stops a run without waiting for Ray Data's iteration
-    thread to end: once Ray is gone, any Ray call of that thread would start a NEW local Ray
-    (``ray.init`` on first use) and its stats updates print tracebacks about the Ray that is gone (two of
-    them reached the user before the exit line, issue 28). Neither may happen after this: the
-    iteration is abandoned, as the run is."""
+def shutdown_ray(keep_logs: bool = False) -> None:
+    """Stop this process's Ray, and remove the temp dir of a local Ray it started unless ``keep_logs``
+    (a run that failed: Ray's logs may say why).
+
+    A second signal stops a run without waiting for Ray Data's iteration thread to end: once Ray is
+    gone, any Ray call of that thread would start a NEW local Ray (``ray.init`` on first use) and its
+    stats updates print tracebacks about the Ray that is gone (two of them reached the user before the
+    exit line, issue 28). Neither may happen after this: the iteration is abandoned, as the run is."""
     try:
         from ray._private import auto_init_hook  # Ray's switch for its init-on-first-use (private)
 
@@ -143,6 +171,10 @@ def shutdown_ray() -> None:
         pass
     logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # set again by the next pass's dataset
     ray.shutdown()
+    while _private_temp_dirs:
+        temp_dir = _private_temp_dirs.pop()
+        if not keep_logs:
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _is_loopback(address: str) -> bool:

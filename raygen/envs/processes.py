@@ -273,6 +273,36 @@ def kill_process_trees(pgids: set[int], workdir: str | None = None) -> int:
     return len(stopped)
 
 
+def kill_processes_naming(text: str) -> int:
+    """SIGKILL every process whose command line contains ``text`` (e.g. a private Ray's temp dir), with
+    its descendants (Ray's workers rename themselves, but stay the raylet's children); how many."""
+    needle, me = text.encode(), os.getpid()
+    roots = set()
+    for pid in _process_table():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                if pid != me and needle in handle.read():
+                    roots.add(pid)
+        except OSError:
+            continue
+    if not roots:
+        return 0
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    doomed, frontier = set(), list(roots)
+    while frontier:
+        pid = frontier.pop()
+        if pid not in doomed and pid != me:
+            doomed.add(pid)
+            frontier.extend(children.get(pid, ()))
+    for pid in doomed:
+        with suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return len(doomed)
+
+
 def use_pidfd_child_watcher() -> None:
     """On Python 3.11 (what asyncio does by itself from 3.12 on), learn of child exits through pidfds on
     the running loop instead of one waiting thread per child.

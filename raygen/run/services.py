@@ -68,7 +68,8 @@ def run_services(
         with children_ignore_sigint():
             base_url = stack.enter_context(model_endpoint(config, reporter.note))
             if ensure_ray(config.ray.address, metrics_export_port=config.ray.metrics_export_port):
-                stack.callback(shutdown_ray)
+                # Ray's logs are kept when the run ends with an error (they may say why).
+                stack.push(lambda error_type, *_: shutdown_ray(keep_logs=error_type is not None))
         reporter.note(RAY_DATA_ACTOR_NOTE)
         # Created by the driver so it lives exactly as long as the run (named: workers find it).
         governor = config.governor.bounded(getattr(config.model, "retry_max_wait_s", None))
