@@ -10,14 +10,16 @@ this process only and keeps loopback addresses as given, then runs the ordinary 
 ``python tests/cluster/ray_node.py wait-nodes ADDRESS N TIMEOUT_S`` joins as a short-lived driver, waits
 until N nodes are alive and prints them as JSON (node id, resources) on a line starting ``RAYGEN_NODES=``,
 so tests need no Ray in-process.
-Tests import ``free_port_block``, ``marked_processes`` and ``wait_unmarked`` from here.
+Tests import ``free_port_block``, ``marked_processes``, ``wait_unmarked`` and ``kill_tagged`` from here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
 import socket
 import sys
 import time
@@ -72,6 +74,44 @@ def wait_unmarked(mark: str, timeout_s: float) -> list[str]:
     while (left := marked_processes(mark)) and time.monotonic() < deadline:
         time.sleep(0.5)
     return left
+
+
+def kill_tagged(leader: int, tag: str) -> None:
+    """SIGKILL process group ``leader``, its descendants and every process whose environment holds
+    ``tag`` (``NAME=value``), pass after pass until none is left (a raylet may start a worker meanwhile;
+    Ray runs workers in their own process groups, and one outlived its raylet by seconds under load)."""
+    needle = tag.encode()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(leader, signal.SIGKILL)
+    for _ in range(20):
+        parents: dict[int, int] = {}
+        doomed: set[int] = set()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if fields[0] in ("Z", "X"):
+                    continue  # dead already, only not reaped
+                parents[int(entry.name)] = int(fields[1])
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    doomed.add(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+        frontier = [leader, *doomed]
+        while frontier:
+            children = [
+                child for child, parent in parents.items() if parent in frontier and child not in doomed
+            ]
+            doomed.update(children)
+            frontier = children
+        doomed &= parents.keys()  # alive ones only
+        if not doomed:
+            return
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
 
 
 NODES_PREFIX = "RAYGEN_NODES="

@@ -9,12 +9,10 @@ cancelled Slurm job was SIGKILLed before its own cleanup ended (test_slurm's sca
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_runs import read_jsonl
-from ray_node import MARK_VARIABLE, free_port_block, wait_unmarked
+from ray_node import MARK_VARIABLE, free_port_block, kill_tagged, wait_unmarked
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -56,25 +54,9 @@ HEAD_VARIABLE = "RAYGEN_TEST_HEAD"
 
 
 def kill_head(proc: subprocess.Popen, mark: str) -> None:
-    """SIGKILL the head's group and every process carrying its variable (Ray workers run in their own
-    process groups), pass after pass until none is left."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    tag = f"{HEAD_VARIABLE}={mark}".encode()
-    for _ in range(50):
-        pids = []
-        for entry in Path("/proc").iterdir():
-            try:
-                if entry.name.isdigit() and tag in (entry / "environ").read_bytes().split(b"\0"):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-        if not pids:
-            break
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
+    """SIGKILL the head: its group and every process carrying its variable (Ray workers run in their own
+    process groups)."""
+    kill_tagged(proc.pid, f"{HEAD_VARIABLE}={mark}")
     proc.wait(30)
 
 

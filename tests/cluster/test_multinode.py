@@ -13,7 +13,6 @@ With 2 workers of 4 sessions each (one actor = 4 sandboxes), a `local` run must 
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import os
 import secrets
@@ -30,7 +29,14 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_runs import read_jsonl
-from ray_node import MARK_VARIABLE, NODES_PREFIX, free_port_block, marked_processes, wait_unmarked
+from ray_node import (
+    MARK_VARIABLE,
+    NODES_PREFIX,
+    free_port_block,
+    kill_tagged,
+    marked_processes,
+    wait_unmarked,
+)
 
 NODE_VARIABLE = "RAYGEN_TEST_NODE"
 """Names the node a process belongs to (Ray workers inherit their raylet's environment)."""
@@ -328,39 +334,7 @@ def kill_node(cluster: dict, name: str) -> None:
     Ray runs workers in their own process groups, and a session actor outlived its raylet by seconds
     (under load) and still delivered results, so "killed" must mean every process of the node at once."""
     cluster.setdefault("killed", set()).add(name)
-    leader = cluster["procs"][name].pid
-    tag = f"{NODE_VARIABLE}={node_tag(cluster, name)}".encode()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(leader, signal.SIGKILL)
-    for _ in range(20):
-        parents: dict[int, int] = {}
-        doomed: set[int] = set()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if fields[0] in ("Z", "X"):
-                    continue  # dead already, only not reaped
-                parents[int(entry.name)] = int(fields[1])
-                if tag in (entry / "environ").read_bytes().split(b"\0"):
-                    doomed.add(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-        frontier = [leader, *doomed]
-        while frontier:
-            children = [
-                child for child, parent in parents.items() if parent in frontier and child not in doomed
-            ]
-            doomed.update(children)
-            frontier = children
-        doomed &= parents.keys()  # alive ones only
-        if not doomed:
-            return
-        for pid in doomed:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
+    kill_tagged(cluster["procs"][name].pid, f"{NODE_VARIABLE}={node_tag(cluster, name)}")
 
 
 def revive_node(cluster: dict, name: str) -> None:
