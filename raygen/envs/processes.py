@@ -236,13 +236,20 @@ def process_trees(pgids: set[int], workdir: str | None = None) -> set[int]:
         # process (a third of reading the whole table) shows nothing escaped into the workdir.
         return set()
     table = _process_table()
-    me = os.getpid()
+    roots = [
+        pid
+        for pid, (_, pgid) in table.items()
+        if pgid in pgids or (workdir is not None and _inside(pid, workdir))
+    ]
+    return _with_descendants(table, roots)
+
+
+def _with_descendants(table: dict[int, tuple[int, int]], roots: list[int]) -> set[int]:
+    """``roots`` and every descendant of theirs in ``table`` (``_process_table``), never this process."""
     children: dict[int, list[int]] = {}
-    roots = []
-    for pid, (ppid, pgid) in table.items():
+    for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-        if pid != me and (pgid in pgids or (workdir is not None and _inside(pid, workdir))):
-            roots.append(pid)
+    me = os.getpid()
     found: set[int] = set()
     while roots:
         pid = roots.pop()
@@ -276,27 +283,16 @@ def kill_process_trees(pgids: set[int], workdir: str | None = None) -> int:
 def kill_processes_naming(text: str) -> int:
     """SIGKILL every process whose command line contains ``text`` (e.g. a private Ray's temp dir), with
     its descendants (Ray's workers rename themselves, but stay the raylet's children); how many."""
-    needle, me = text.encode(), os.getpid()
-    roots = set()
-    for pid in _process_table():
+    needle, table = text.encode(), _process_table()
+    roots = []
+    for pid in table:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                if pid != me and needle in handle.read():
-                    roots.add(pid)
+                if needle in handle.read():
+                    roots.append(pid)
         except OSError:
             continue
-    if not roots:
-        return 0
-    table = _process_table()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    doomed, frontier = set(), list(roots)
-    while frontier:
-        pid = frontier.pop()
-        if pid not in doomed and pid != me:
-            doomed.add(pid)
-            frontier.extend(children.get(pid, ()))
+    doomed = _with_descendants(table, roots)
     for pid in doomed:
         with suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
