@@ -167,7 +167,7 @@ def build_digest(run: RunDir, entry: Entry) -> Digest | None:
             "unparseable": scan.unparseable_lines,
             "bad_positions": [[p.offset, p.length] for p in scan.bad_positions],
             "invalid": invalid,
-            "config_fingerprints": sorted(fingerprints),  # for a resume's ledger (scan_summaries)
+            "config_fingerprints": sorted(fingerprints),  # for a resume's ledger (iter_summaries)
         }
         _write(digest_path(run, entry.name), index, meta, _INDEX_OPTIONS)  # last: the digest is complete
     except Exception as exc:  # a digest is only a shortcut: the merge reads the shard
@@ -195,39 +195,28 @@ def digest_shards(run_path: str, entries: list[Entry]) -> int:
 
 
 def iter_summaries(
-    run: RunDir, scan: ShardScanStats, entries: list[Entry], build: bool
+    run: RunDir,
+    scan: ShardScanStats,
+    entries: list[Entry],
+    build: bool,
+    fingerprints: set[str] | None = None,
 ) -> Iterator[tuple[SessionSummary | Exception, ShardPos]]:
     """Every record's summary (or why it is invalid) with its position, shard by shard: from the shard's
-    digest, or built now (``build``), or from the shard itself. Adds to ``scan`` as reading does."""
+    digest, or built now (``build``), or from the shard itself. Adds to ``scan`` as reading does.
+
+    With ``fingerprints`` (a resume's ledger), the valid records' ``config_fingerprint`` are added to it,
+    and a digest from before digests held them counts as missing."""
     for entry in entries:
         digest = load_digest_of(run, entry) if run.is_local else None
+        if digest is not None and fingerprints is not None and "config_fingerprints" not in digest.meta:
+            digest = None
         scan.digests_reused += digest is not None
         if digest is None and build and run.is_local:
             digest = build_digest(run, entry)
             scan.digests_built += digest is not None
         if digest is not None:
-            digest.add_scan(scan, entry.path)
-            yield from digest.summaries(entry.path)
-            continue
-        for record, pos in iter_shard_records(run, scan, [entry]):
-            try:
-                yield summarize(record), pos
-            except INVALID_RECORD_ERRORS as exc:
-                yield exc, pos
-
-
-def scan_summaries(
-    run: RunDir, fingerprints: set[str]
-) -> Iterator[tuple[SessionSummary | Exception, ShardPos]]:
-    """Every record's summary (or why it is not a valid record) with its position, as a resume's ledger
-    reads a run, adding the valid records' ``config_fingerprint`` to ``fingerprints``. From the digests
-    where they are valid (a pickled summary is ~10x cheaper than parsing its record), else from the
-    shards; builds none (a resume starts no merge workers)."""
-    scan = ShardScanStats()
-    for entry in run.list_shards():
-        digest = load_digest_of(run, entry) if run.is_local else None
-        if digest is not None and "config_fingerprints" in digest.meta:  # older digests lack them
-            fingerprints.update(digest.meta["config_fingerprints"])
+            if fingerprints is not None:
+                fingerprints.update(digest.meta["config_fingerprints"])
             digest.add_scan(scan, entry.path)
             yield from digest.summaries(entry.path)
             continue
@@ -237,7 +226,7 @@ def scan_summaries(
             except INVALID_RECORD_ERRORS as exc:
                 yield exc, pos
                 continue
-            if record.get("config_fingerprint"):
+            if fingerprints is not None and record.get("config_fingerprint"):
                 fingerprints.add(str(record["config_fingerprint"]))
             yield summary, pos
 

@@ -20,8 +20,9 @@ from pathlib import Path
 from raygen.errors import RETRYABLE, UNCOUNTED, failure_kind, is_failure_status
 from raygen.formats.records import Trajectory
 from raygen.input.rows import Sample
-from raygen.output.digests import scan_summaries
+from raygen.output.digests import iter_summaries
 from raygen.output.run_dir import RunDir
+from raygen.output.shards import ShardScanStats
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,10 @@ class Ledger:
         """Read every shard of ``run_dir`` (through the shard digests a run's compaction wrote, where
         they are valid); unreadable lines and invalid records are ignored, exactly as the merge ignores
         them."""
-        ledger = cls()
-        for summary, pos in scan_summaries(RunDir.of(run_dir), ledger.config_fingerprints):
+        ledger, run = cls(), RunDir.of(run_dir)
+        fingerprints = ledger.config_fingerprints
+        # Builds no digest: a resume starts no merge workers.
+        for summary, pos in iter_summaries(run, ShardScanStats(), run.list_shards(), False, fingerprints):
             if isinstance(summary, Exception):
                 log.warning("ledger: ignoring invalid record %s @%d: %s", pos.path, pos.offset, summary)
                 continue
