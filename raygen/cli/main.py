@@ -95,10 +95,8 @@ def run(flags: RunFlags) -> None:
     except StopNow as exc:  # a second signal during a drain: what is durable stays, --resume goes on
         err.print(f"{exc}; resume with --resume", highlight=False)
         raise typer.Exit(EXIT_RESUMABLE) from None
-    except ClusterLost as exc:  # the head (or the driver's node) died mid-run: what is durable stays
-        err.print(Text.assemble(("error", "bold red"), f": {exc}; --resume continues once it is back"))
-        raise typer.Exit(EXIT_RESUMABLE) from None
-    except StorageError as exc:  # the run's storage stayed unreachable: what is stored stays
+    # The run's storage stayed unreachable, or its Ray head died mid-run: what is durable stays.
+    except (StorageError, ClusterLost) as exc:
         err.print(Text.assemble(("error", "bold red"), f": {exc}; --resume continues once it is back"))
         raise typer.Exit(EXIT_RESUMABLE) from None
     except OSError as exc:  # the output disk filled up (or went read-only) mid-run: one line, not a traceback
