@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from raygen.output.run_dir import SHARD_SUFFIX, SHARDS_DIR, RunDir
+from raygen.output.run_dir import SHARDS_DIR, RunDir, is_shard_name
 from raygen.output.schema import SCHEMA, to_arrow_table
 from raygen.output.shards import MAX_LOGGED_BAD_LINES, ShardPos, ShardScanStats, iter_shard_records
 from raygen.output.storage import Entry
@@ -344,7 +344,7 @@ class Compactor:
         due: list[Entry] = []
         with os.scandir(self.run.local_path / SHARDS_DIR) as listing:
             for item in listing:
-                if item.name in self._seen or not item.name.endswith(SHARD_SUFFIX) or item.name[0] == ".":
+                if item.name in self._seen or not is_shard_name(item.name):
                     continue
                 with suppress(OSError):  # gone since the listing: nothing to digest
                     stat = item.stat()

@@ -47,6 +47,11 @@ SAMPLE_DIR = "sample"
 SHARD_SUFFIX = ".jsonl"
 
 
+def is_shard_name(name: str) -> bool:
+    """Whether a file of ``shards/`` is a final shard (a writer's temp files are hidden)."""
+    return name.endswith(SHARD_SUFFIX) and not name.startswith(".")
+
+
 class RunDir:
     """One run folder, wherever it lives. ``str(run_dir)`` is the location as given (for messages)."""
 
@@ -167,11 +172,7 @@ class RunDir:
         """Final shard files in read order: by modification time, then name (temp and hidden files
         excluded). This order defines "later" for the merge's last tie-break between two records of the
         same key and attempt: the record from the more recently written shard wins."""
-        found = [
-            e
-            for e in self.storage.list(self.path(SHARDS_DIR))
-            if e.name.endswith(SHARD_SUFFIX) and not e.name.startswith(".")
-        ]
+        found = [e for e in self.storage.list(self.path(SHARDS_DIR)) if is_shard_name(e.name)]
         return sorted(found, key=lambda e: (e.mtime_ns, e.name))
 
     def output_files(self, folder: str, suffix: str = ".jsonl") -> list[str]:
