@@ -215,7 +215,10 @@ class StatsAccumulator:
             reason = failure_kind(summary.exit_status)
         self.overall.add(summary, outcome, reason)
         category = NO_CATEGORY if summary.category is None else summary.category
-        self.per_category.setdefault(category, _Bucket()).add(summary, outcome, reason)
+        bucket = self.per_category.get(category)
+        if bucket is None:  # not setdefault: that builds a bucket (nine counters) per record to drop it
+            bucket = self.per_category[category] = _Bucket()
+        bucket.add(summary, outcome, reason)
 
     def merge(self, other: StatsAccumulator) -> None:
         """Add ``other``'s counts to this accumulator."""
