@@ -11,7 +11,7 @@ Why it remembers finished sessions: when an actor dies, Ray Data re-runs its who
 had already finished included. An actor asks before each session, and a session that finished
 in this run (its record handed over) is skipped instead of being paid for twice. The same question
 carries the drain: once ``drain`` was called no session starts. Both travel in one ``exchange`` call per
-actor every few tens of milliseconds (``control_link.py``): a call per session cost about 1 ms of CPU on
+actor about every 0.1 s (``control_link.py``): a call per session cost about 1 ms of CPU on
 each side, a tenth of what a whole session costs.
 
 One per pass, created by the driver with no CPU reservation on the driver's node; it dies with the
@@ -32,10 +32,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 # Records waiting for the driver beyond which no new session may start (the driver is writing slowly).
 # Records themselves are always taken: a record left in its actor would die with it and be paid again.
 _QUEUE_RECORDS = 1024
-_TAKE_EVERY_S = 0.05
-"""The driver takes records at most this often: each call costs both processes ~0.3 ms of CPU whatever it
-carries, and at hundreds of sessions a second a driver taking as fast as it could made a call per few
-records (bench ``ceiling``). A record waits that much longer, well within ``output.durable_within_s``."""
+_TAKE_EVERY_S = 0.1
+"""The driver takes records at most this often: each call costs both processes ~1-2 ms of CPU here
+whatever it carries, and at hundreds of sessions a second a driver taking as fast as it could made a call
+per few records (bench ``ceiling``). A record waits that much longer, within ``output.durable_within_s``
+(see ``control_link.LINGER_S``)."""
 
 Finished = tuple[str, int, str, str]
 """A session that ended: (sample key, attempt, record JSON, summary JSON)."""
