@@ -36,6 +36,32 @@ class LocalLease:
     expires_at: float
 
 
+class DemandMeter:
+    """Permits asked for over about the last second: what a lease sized by time carries. Counts, not a
+    list of times, so a worker asking thousands of times a second is measured whole (a 256-entry list of
+    times capped its estimate at 256 a second)."""
+
+    def __init__(self) -> None:
+        self._start = 0.0
+        self._count = 0
+        self._previous = 0
+        """Permits asked for in the window before the current one (0 when that was not the last second)."""
+
+    def add(self, now: float) -> None:
+        self._roll(now)
+        self._count += 1
+
+    def per_s(self, now: float) -> int:
+        """The larger of the last whole second's count and the current second's so far."""
+        self._roll(now)
+        return max(self._previous, self._count)
+
+    def _roll(self, now: float) -> None:
+        if now - self._start >= 1.0:
+            self._previous = self._count if now - self._start < 2.0 else 0
+            self._start, self._count = now, 0
+
+
 @dataclass
 class Waiter:
     future: asyncio.Future[Permit]

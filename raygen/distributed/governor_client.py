@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from ray.actor import ActorHandle
 
-from raygen.distributed.client_usage import LocalLease, PendingUsage, Permit, TokenRatio, Waiter
+from raygen.distributed.client_usage import DemandMeter, LocalLease, PendingUsage, Permit, TokenRatio, Waiter
 from raygen.distributed.governor_remote import GovernorRemote, as_remote, default_holder
 from raygen.distributed.leases import Lease
 from raygen.distributed.provider_headers import pause_from_headers
@@ -36,10 +36,11 @@ _HEARTBEAT_S = 10.0
 """A worker holding slots or requests in flight reports at least this often, so the governor can tell it
 is alive (a silent worker's reservations are freed after a minute)."""
 _LOOKAHEAD_S = 0.5
-"""A refill asks for about this much of the worker's recent demand beyond the callers already waiting."""
-_OPEN_LEASE_FACTOR = 8
-"""While the governor paces nothing, leases may be this many times ``lease_size``: fewer remote calls for a
-run that never meets a limit (its slots go back at the first cut)."""
+"""A refill asks for about this much of the worker's recent demand beyond the callers already waiting, so
+a busy worker makes about two lease calls a second whatever its request rate (the governor grants at most
+one pacing burst of a known limit, so pacing stays as fine as ``burst_s``). A fixed count per lease made
+the calls grow with the rate: 8 a lease at 1,400 requests/s was 175 calls/s from one worker, and a Ray
+call costs each side ~1-2 ms of CPU here (bench ``ceiling``)."""
 _FALLBACK_INTERVAL_S = 1.0
 """With the governor unreachable, a worker admits one request per this interval rather than stalling."""
 
@@ -48,9 +49,9 @@ class GovernorClient:
     """``RateGate`` backed by a governor: one per worker process and event loop, shared by its sessions.
 
     Permits come from local leases; when callers wait (or the last slot goes) one refill is in flight at a
-    time, sized to the waiters plus ~0.5 s of recent demand (at most ``lease_size``). Unused slots expire
-    after the lease's TTL and go back. Usage is reported in batches; a refusal (429, or an answer asking
-    to wait) is sent at once. One refusal delays only its own request (the model client's retry); this
+    time, sized to the waiters plus ~0.5 s of recent demand (at most ``lease_size``, if set). Unused slots
+    expire after the lease's TTL and go back. Usage is reported in batches; a refusal (429, or an answer
+    asking to wait) is sent at once. One refusal delays only its own request (the model client's retry); this
     worker pauses on its own only when its refusals are evidence (raygen.distributed.refusals), and every
     worker pauses when the governor's reply says the cluster's are.
     """
@@ -59,7 +60,7 @@ class GovernorClient:
         self,
         governor: ActorHandle | GovernorRemote,
         *,
-        lease_size: int = 8,
+        lease_size: int | None = None,
         max_pause_s: float = 120.0,
         lookahead: bool = True,
         report_interval_s: float = REPORT_INTERVAL_S,
@@ -86,11 +87,10 @@ class GovernorClient:
         self._refill: asyncio.Task[None] | None = None
         self._flush_task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._recent: deque[float] = deque(maxlen=256)  # acquire times, for the demand estimate
+        self._demand = DemandMeter()
         self._recent_tokens: deque[int] = deque(maxlen=64)
         self._fresh_demand = False  # a caller came since the last refill: only then lease ahead
         self._failures = 0
-        self._paced = True  # until the governor says otherwise
         self._token_ratio = TokenRatio()
         self._closed = False
         self.stats = {"permits": 0, "remote_calls": 0, "wait_s": 0.0, "returned": 0, "rate_limited": 0}
@@ -106,7 +106,7 @@ class GovernorClient:
             raise RuntimeError("GovernorClient is closed")
         now = loop.time()
         raw = max(0, int(est_tokens))
-        self._recent.append(now)
+        self._demand.add(now)
         self._recent_tokens.append(raw)
         self._fresh_demand = True
         waiter = Waiter(loop.create_future(), now, raw)
@@ -247,16 +247,18 @@ class GovernorClient:
 
     def _want(self, now: float) -> tuple[int, float]:
         """Slots to ask for: every caller not covered by local slots and, when the slots are (nearly) gone,
-        about ``_LOOKAHEAD_S`` of the last second's demand, at most ``lease_size``; and their tokens."""
+        about ``_LOOKAHEAD_S`` of the last second's demand (at most ``lease_size``, if set); and their
+        tokens."""
         slots = sum(lease.left for lease in self._leases)
         waiting = [w for w in self._waiters if not w.future.done()]
         unserved = waiting[slots:]
         spare = max(0, slots - len(waiting))
         ahead = 0
         if self._lookahead and self._fresh_demand and spare <= 1:
-            recent = sum(1 for t in self._recent if now - t <= 1.0)
-            ahead = math.ceil(recent * _LOOKAHEAD_S) - spare
-        count = min(self._lease_size * (1 if self._paced else _OPEN_LEASE_FACTOR), max(len(unserved), ahead))
+            ahead = math.ceil(self._demand.per_s(now) * _LOOKAHEAD_S) - spare
+        count = max(len(unserved), ahead)
+        if self._lease_size is not None:
+            count = min(count, self._lease_size)
         if count <= 0:
             return 0, 0.0
         # Raw estimates times the ratio learned so far: the first answers correct every estimate at once,
@@ -299,8 +301,6 @@ class GovernorClient:
     def _absorb(self, lease: Lease) -> None:
         now = self._now()
         self._last_contact = now
-        if lease.epoch >= 0:
-            self._paced = lease.paced
         if lease.epoch >= 0 and any(held.epoch < lease.epoch for held in self._leases):
             # The target was cut since these slots were granted: they belong to the rate that drew 429s.
             self._return_slots(lambda held: held.epoch < lease.epoch)

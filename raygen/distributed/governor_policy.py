@@ -251,10 +251,6 @@ class GovernorPolicy:
             pause_s=max(0.0, self.paused_until - now),
             wait_hint_s=wait_hint_s,
             target_rpm=self.target_rpm,
-            paced=self._requests is not None
-            or self._tokens is not None
-            or self.config.max_in_flight is not None
-            or self._settling is not None,
         )
 
     # ---------------------------------------------------------------- internals: refusals and the limit

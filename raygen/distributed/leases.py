@@ -25,9 +25,6 @@ class Lease:
     wait_hint_s: float = 0.0
     """When nothing was granted: roughly when to ask again."""
     target_rpm: float | None = None
-    paced: bool = True
-    """False while the governor paces nothing (no limit known yet, no in-flight cap): a worker may then
-    lease in larger batches, since nothing is held back anyway."""
 
 
 @dataclass

@@ -305,8 +305,10 @@ class GovernorConfig(_Section):
     10-s sliding window). Only a 1-s sliding window can still refuse a bunched request now and then; a
     known limit then paces 1.5% slower per 429 (down to 90%), a learned one is cut to the measured rate.
     Smaller values cost more remote calls per request (each lease holds at most one burst)."""
-    lease_size: int = Field(8, ge=1)
-    """Most request slots a worker takes from the governor in one remote call."""
+    lease_size: int | None = Field(None, ge=1)
+    """Most request slots a worker takes from the governor in one remote call. Unset (the default): a
+    lease carries the worker's waiting callers plus about 0.5 s of its recent demand, and never more than
+    one pacing burst of a known limit, so a worker makes a few calls a second at any request rate."""
     lease_ttl_s: float = Field(2.0, gt=0)
     """Leased slots unused after this many seconds go back, so idle workers strand no capacity."""
     max_pause_s: float = Field(120.0, gt=0)

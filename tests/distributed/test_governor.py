@@ -48,22 +48,32 @@ async def run_load(gates: list[GovernorClient], tasks_per_gate: int, permits: in
     return state
 
 
-async def test_an_unpaced_governor_leases_in_large_batches_until_the_first_cut():
+async def test_leases_follow_the_workers_demand_not_a_fixed_count():
     service = GovernorService(GovernorConfig())  # the default: watching, pacing nothing
-    gate = GovernorClient(service, lease_size=8)
-    await run_load([gate], tasks_per_gate=64, permits=1000)
+    gate = GovernorClient(service)
+    await run_load([gate], tasks_per_gate=64, permits=3000, hold_s=0.001)
     unpaced = gate.stats["remote_calls"] / gate.stats["permits"]
-    print(f"\nin-process, nothing configured, 64 callers: {unpaced:.3f} remote calls per request")
-    assert unpaced < 0.05  # leases of up to 64, where a paced governor gives at most 8
+    print(f"\nin-process, nothing configured, 64 callers: {unpaced:.4f} remote calls per request")
+    assert unpaced < 0.01  # a lease of ~0.5 s of demand: hundreds of requests, not 8 or 64
     refused = [await gate.acquire(100) for _ in range(2)]  # one 429 alone cuts nothing
     for permit in refused:
         gate.release(permit, status=429, retry_after_s=0.01)
     await gate.flush()
-    await asyncio.sleep(0.35)  # the governor settles, then paces: leases of at most lease_size again
-    calls = gate.stats["remote_calls"]
+    await asyncio.sleep(0.35)  # the governor settles, then paces: a lease holds at most one burst
+    snapshot = await service.snapshot()
+    assert snapshot["target_rpm"] is not None
+    burst = snapshot["target_rpm"] / 60 * GovernorConfig().burst_s + 1
+    calls, permits = gate.stats["remote_calls"], gate.stats["permits"]
     await run_load([gate], tasks_per_gate=64, permits=100, hold_s=0)
-    assert (await service.snapshot())["target_rpm"] is not None
-    assert gate.stats["remote_calls"] - calls >= 100 // 8
+    assert gate.stats["remote_calls"] - calls >= (gate.stats["permits"] - permits) / burst - 1
+    await gate.aclose()
+
+
+async def test_a_set_lease_size_caps_every_lease():
+    service = GovernorService(GovernorConfig())
+    gate = GovernorClient(service, lease_size=8)
+    await run_load([gate], tasks_per_gate=64, permits=400, hold_s=0)
+    assert gate.stats["remote_calls"] >= gate.stats["permits"] / 8
     await gate.aclose()
 
 

@@ -418,7 +418,7 @@ def simulate(config: GovernorConfig, provider: SimConfig, *, job_s: float = 30.0
             slots[w] = [s for s in slots[w] if s[0] > 0]
             have = sum(s[0] for s in slots[w])
             if len(waiting[w]) > have and now >= next_lease[w]:
-                want = min(config.lease_size, len(waiting[w]) - have)
+                want = min(config.lease_size or 8, len(waiting[w]) - have)
                 lim.report(f"w{w}", pending[w])
                 pending[w] = UsageReport()
                 lingering = now - waiting[w][0] < config.burst_s / 2
