@@ -41,6 +41,7 @@ from resume_harness import (
 from raygen.config import RunConfig
 from raygen.errors import FAILURE_KINDS, RETRYABLE, ConfigError
 from raygen.formats.records import ReasoningCounts, Trajectory
+from raygen.input.pending import PendingChunk, keys_path
 from raygen.input.rows import PromptRow, Sample
 from raygen.output.shards import ShardWriter
 from raygen.run.driver import run
@@ -174,8 +175,10 @@ def test_lost_samples_become_retryable_worker_lost_records(tmp_path):
         )
         for i, a in enumerate((1, 2, 1))
     ]
-    pending = tmp_path / "pending-00000.jsonl"
-    pending.write_text("".join(s.model_dump_json() + "\n" for s in samples))
+    with PendingChunk(tmp_path / "pending-00000.jsonl") as pending_chunk:
+        for sample in samples:
+            pending_chunk.write(sample)
+    pending = pending_chunk.path
     ledger = Ledger()
     ledger.record("k0", 1, "completed")
     ledger.record("k1", 1, "error:rate_limited")  # an earlier attempt only: attempt 2 never came back
@@ -202,6 +205,29 @@ def test_write_pending_gives_lost_samples_a_task_of_their_own(tmp_path):
     assert sorted(k for chunk in chunks for k in chunk) == [f"k{i}" for i in range(7)]
     assert ["k1"] in chunks and ["k5"] in chunks
     assert all(len(chunk) <= 3 for chunk in chunks)
+    # Beside each chunk, its samples' keys and attempts in the same order (what the ledger reads).
+    keys = [[line.split("\t") for line in keys_path(f).read_text().splitlines()] for f in files]
+    assert keys == [[[k, "1"] for k in chunk] for chunk in chunks]
+
+
+def test_after_a_pass_only_the_samples_returned_are_parsed(tmp_path):
+    samples = [
+        Sample(row=PromptRow(prompt=f"p{i}"), sample_key=f"k{i}", prompt_index=i, line=i + 1, toolsets=[])
+        for i in range(4)
+    ]
+    with PendingChunk(tmp_path / "pass1-00000.jsonl") as chunk:
+        for sample in samples:
+            chunk.write(sample)
+    lines = chunk.path.read_text().splitlines()
+    lines[0] = lines[2] = "not json"  # parsing these would fail: the keys file says they came back
+    chunk.path.write_text("\n".join(lines) + "\n")
+    ledger = Ledger()
+    for key in ("k0", "k2"):
+        ledger.record(key, 1, "completed")
+    assert [s.sample_key for s in ledger.undelivered([chunk.path])] == ["k1", "k3"]
+    ledger.record("k1", 1, "completed")
+    ledger.record("k3", 1, "error:provider_unavailable")
+    assert [(s.sample_key, s.attempt) for s in ledger.still_pending([chunk.path], 3)] == [("k3", 2)]
 
 
 @pytest.mark.parametrize("edit", ["reorder", "delete", "duplicate", "insert", "edit_text"])

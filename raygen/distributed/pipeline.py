@@ -28,6 +28,7 @@ from raygen.distributed.control import start_control
 from raygen.distributed.plan import WorkerPlan
 from raygen.distributed.worker import SessionWorker
 from raygen.errors import ClusterLost
+from raygen.input.pending import PendingChunk, remove_chunks
 from raygen.input.rows import Sample
 from raygen.output.summary import SessionSummary
 
@@ -68,40 +69,38 @@ def write_pending(
     alone: Callable[[Sample], bool] | None = None,
     name: str = "pending",
 ) -> tuple[list[Path], int]:
-    """Write samples as JSONL chunk files ``<name>-<n>.jsonl``, replacing earlier ones of that name;
-    returns the files and the number of samples. ``chunk_rows`` is a chunk's size, or gives the next
+    """Write samples as JSONL chunk files ``<name>-<n>.jsonl`` (each with its keys file,
+    ``raygen.input.pending``), replacing earlier ones of that name; returns the files and the number of
+    samples. ``chunk_rows`` is a chunk's size, or gives the next
     chunk's size from the number of samples written so far.
 
     A chunk is one Ray task, and a task whose worker keeps dying is given up as a whole, so samples for
     which ``alone(sample)`` is true (their worker was lost before) get a chunk of their own.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
-    for old in work_dir.glob(f"{name}-*.jsonl"):
-        old.unlink()
+    remove_chunks(work_dir, name)
     size_after = chunk_rows if callable(chunk_rows) else (lambda _written: chunk_rows)
     files: list[Path] = []
     count = in_chunk = size = 0
-    fh = None
+    chunk: PendingChunk | None = None
     for sample in samples:
-        line = sample.model_dump_json() + "\n"
         count += 1
         if alone is not None and alone(sample):
-            path = work_dir / f"{name}-{len(files):05d}.jsonl"
-            files.append(path)
-            path.write_text(line, encoding="utf-8")
+            with PendingChunk(work_dir / f"{name}-{len(files):05d}.jsonl") as single:
+                single.write(sample)
+            files.append(single.path)
             continue
         if in_chunk == size:
-            if fh:
-                fh.close()
-            path = work_dir / f"{name}-{len(files):05d}.jsonl"
-            files.append(path)
-            fh = path.open("w", encoding="utf-8")
+            if chunk:
+                chunk.close()
+            chunk = PendingChunk(work_dir / f"{name}-{len(files):05d}.jsonl")
+            files.append(chunk.path)
             in_chunk, size = 0, max(1, size_after(count - 1))
-        assert fh is not None  # opened above: in_chunk == size == 0 on the first sample
-        fh.write(line)
+        assert chunk is not None  # opened above: in_chunk == size == 0 on the first sample
+        chunk.write(sample)
         in_chunk += 1
-    if fh:
-        fh.close()
+    if chunk:
+        chunk.close()
     return files, count
 
 

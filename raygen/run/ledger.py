@@ -11,7 +11,6 @@ must agree on what was recorded, or a sample could be skipped by a resume yet mi
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from raygen.errors import RETRYABLE, UNCOUNTED, failure_kind, is_failure_status
 from raygen.formats.records import Trajectory
+from raygen.input.pending import select_samples
 from raygen.input.rows import Sample
 from raygen.output.digests import iter_summaries
 from raygen.output.run_dir import RunDir
@@ -125,22 +125,23 @@ class Ledger:
     def still_pending(self, pending_files: Iterable[Path], max_attempts: int) -> Iterator[Sample]:
         """The samples of a pass's files that have an attempt left to run, as that attempt: the next
         pass, planned without reading the dataset again (a sample not in the pass was already done)."""
-        for sample in _read_samples(pending_files):
-            if (attempt := self.next_attempt(sample.sample_key, max_attempts)) is not None:
-                yield sample.model_copy(update={"attempt": attempt})
+
+        def has_attempt_left(key: str, _attempt: int) -> bool:
+            return self.next_attempt(key, max_attempts) is not None
+
+        for sample in select_samples(pending_files, has_attempt_left):
+            attempt = self.next_attempt(sample.sample_key, max_attempts)
+            yield sample.model_copy(update={"attempt": attempt})
 
     def undelivered(self, pending_files: Iterable[Path]) -> Iterator[Sample]:
         """The samples of a pass (its ``work/pending-*.jsonl`` files) for which no attempt at least as
         high as the one the pass ran was recorded: their worker died and Ray gave up on them."""
-        for path in pending_files:
-            with open(path, encoding="utf-8") as fh:
-                for line in fh:
-                    if not line.strip():
-                        continue
-                    data = json.loads(line)  # validated only when lost: most samples came back
-                    state = self.keys.get(data["sample_key"])
-                    if state is None or state.attempts < int(data.get("attempt", 1)):
-                        yield Sample.model_validate(data)
+
+        def lost(key: str, attempt: int) -> bool:
+            state = self.keys.get(key)
+            return state is None or state.attempts < attempt
+
+        return select_samples(pending_files, lost)
 
 
 def worker_lost_record(sample: Sample, *, model: str, config_fingerprint: str, detail: str) -> Trajectory:
@@ -166,11 +167,3 @@ def worker_lost_record(sample: Sample, *, model: str, config_fingerprint: str, d
         group_id=sample.group_id,
         sample_index=sample.sample_index,
     )
-
-
-def _read_samples(pending_files: Iterable[Path]) -> Iterator[Sample]:
-    for path in pending_files:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    yield Sample.model_validate_json(line)

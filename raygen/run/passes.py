@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from raygen.input.pending import KEYS_SUFFIX
 from raygen.input.rows import Sample
 from raygen.output.run_dir import RunDir
 from raygen.output.summary import summarize
@@ -72,7 +73,7 @@ def run_passes(
             samples = ledger.still_pending(files, config.retry.max_attempts)
     finally:
         sink.close()
-        for leftover in work.glob("*.jsonl"):
+        for leftover in [*work.glob("*.jsonl"), *work.glob(f"*{KEYS_SUFFIX}")]:
             leftover.unlink()
     return sink.sessions, _live_statistics(sink, services)
 
