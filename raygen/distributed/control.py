@@ -33,7 +33,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 # Records themselves are always taken: a record left in its actor would die with it and be paid again.
 _QUEUE_RECORDS = 1024
 _TAKE_EVERY_S = 0.1
-"""The driver takes records at most this often: each call costs both processes ~1-2 ms of CPU here
+"""The driver takes records at most this often: each call costs both processes ~0.5-2 ms of CPU here
 whatever it carries, and at hundreds of sessions a second a driver taking as fast as it could made a call
 per few records (bench ``ceiling``). A record waits that much longer, within ``output.durable_within_s``
 (see ``control_link.LINGER_S``)."""

@@ -27,7 +27,7 @@ LINGER_S = 0.1
 """How long a call waits for company. A session start waits up to this much longer (0.1 s of a
 session of seconds); a record reaches the driver that much later (within ``output.durable_within_s``:
 the sink writes a record when it is half that old, and the trip here plus the driver's take is ~0.25 s at
-most). Each call costs the control actor ~1-2 ms of CPU on this machine whatever it carries (a Ray actor
+most). Each call costs the control actor ~0.5-2 ms of CPU on this machine whatever it carries (a Ray actor
 call's fixed cost, measured), so the one control actor of a cluster of A session actors takes about
 A / (LINGER_S + round trip) calls a second: 0.02 s cost 0.085 ms of its CPU per session at 650
 sessions/s on 2 actors, 0.05 s 0.064 ms at 914 (bench ``ceiling``)."""

@@ -71,8 +71,8 @@ def write_pending(
 ) -> tuple[list[Path], int]:
     """Write samples as JSONL chunk files ``<name>-<n>.jsonl`` (each with its keys file,
     ``raygen.input.pending``), replacing earlier ones of that name; returns the files and the number of
-    samples. ``chunk_rows`` is a chunk's size, or gives the next
-    chunk's size from the number of samples written so far.
+    samples. ``chunk_rows`` is a chunk's size, or gives the next chunk's size from the number of samples
+    written so far.
 
     A chunk is one Ray task, and a task whose worker keeps dying is given up as a whole, so samples for
     which ``alone(sample)`` is true (their worker was lost before) get a chunk of their own.
@@ -83,24 +83,26 @@ def write_pending(
     files: list[Path] = []
     count = in_chunk = size = 0
     chunk: PendingChunk | None = None
-    for sample in samples:
-        count += 1
-        if alone is not None and alone(sample):
-            with PendingChunk(work_dir / f"{name}-{len(files):05d}.jsonl") as single:
-                single.write(sample)
-            files.append(single.path)
-            continue
-        if in_chunk == size:
-            if chunk:
-                chunk.close()
-            chunk = PendingChunk(work_dir / f"{name}-{len(files):05d}.jsonl")
-            files.append(chunk.path)
-            in_chunk, size = 0, max(1, size_after(count - 1))
-        assert chunk is not None  # opened above: in_chunk == size == 0 on the first sample
-        chunk.write(sample)
-        in_chunk += 1
-    if chunk:
-        chunk.close()
+    try:
+        for sample in samples:
+            count += 1
+            if alone is not None and alone(sample):
+                with PendingChunk(work_dir / f"{name}-{len(files):05d}.jsonl") as single:
+                    single.write(sample)
+                files.append(single.path)
+                continue
+            if in_chunk == size:
+                if chunk:
+                    chunk.close()
+                chunk = PendingChunk(work_dir / f"{name}-{len(files):05d}.jsonl")
+                files.append(chunk.path)
+                in_chunk, size = 0, max(1, size_after(count - 1))
+            assert chunk is not None  # opened above: in_chunk == size == 0 on the first sample
+            chunk.write(sample)
+            in_chunk += 1
+    finally:
+        if chunk:
+            chunk.close()
     return files, count
 
 
